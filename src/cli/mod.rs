@@ -1,0 +1,102 @@
+//! Command-line arguments (clap) and one function per command. Arguments are turned into
+//! library options here, once; the library never sees clap.
+
+mod report;
+
+use std::io::{self, Write};
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use memsnap::replay::SizeModel;
+
+/// Explains PyTorch CUDA memory snapshots: where every byte of GPU memory went.
+#[derive(Debug, Parser)]
+#[command(name = "memsnap", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Summarise snapshots: memory at trace start, at the peak and at the end.
+    Report(report::ReportArgs),
+}
+
+/// How bytes are counted (`--sizes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Sizes {
+    /// Block sizes, as torch.cuda.memory_allocated() counts them.
+    Allocator,
+    /// Each request rounded up to 512 bytes.
+    Rounded,
+}
+
+impl From<Sizes> for SizeModel {
+    fn from(s: Sizes) -> SizeModel {
+        match s {
+            Sizes::Allocator => SizeModel::Allocator,
+            Sizes::Rounded => SizeModel::Rounded,
+        }
+    }
+}
+
+/// Common options for reading snapshot files.
+#[derive(Debug, clap::Args)]
+pub struct InputArgs {
+    /// How bytes are counted.
+    #[arg(long, value_enum, default_value_t = Sizes::Allocator)]
+    sizes: Sizes,
+}
+
+/// Runs a parsed command line; returns the process exit code.
+pub fn run(cli: Cli) -> ExitCode {
+    let result = match cli.command {
+        Command::Report(args) => report::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = writeln!(io::stderr(), "memsnap: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Prints one error line for a file that could not be handled.
+fn complain(e: &memsnap::Error) {
+    let _ = writeln!(io::stderr(), "memsnap: {e}");
+}
+
+/// Reads every snapshot file given, with a progress bar for large ones.
+fn load(path: &std::path::Path) -> Result<memsnap::snapshot::Snapshot, memsnap::Error> {
+    let progress = memsnap::ui::LoadProgress::new(path);
+    let options = memsnap::snapshot::LoadOptions {
+        on_progress: progress.callback(),
+        ..Default::default()
+    };
+    memsnap::snapshot::load(path, &options)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn report_parses() {
+        let cli = Cli::try_parse_from(["memsnap", "report", "a.pickle", "--json"]).unwrap();
+        let Command::Report(args) = cli.command;
+        assert!(args.json);
+        assert_eq!(args.files.len(), 1);
+        assert!(Cli::try_parse_from(["memsnap", "report"]).is_err());
+    }
+}

@@ -1,0 +1,102 @@
+//! Decoding errors: what went wrong and the byte offset where it did.
+
+use std::io;
+
+/// A pickle could not be decoded. `offset` is the byte (in the decompressed stream) where the
+/// failing opcode starts.
+#[derive(Debug, thiserror::Error)]
+#[error("byte {offset}: {kind}")]
+pub struct DecodeError {
+    /// Offset of the failing opcode in the decompressed pickle stream.
+    pub offset: u64,
+    /// What went wrong.
+    pub kind: DecodeErrorKind,
+}
+
+/// The reasons a pickle is refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeErrorKind {
+    /// The input is empty.
+    #[error("the file is empty")]
+    Empty,
+    /// The input ends in the middle of an opcode or before `STOP`.
+    #[error("the pickle ends {needed} byte(s) early (truncated file?)")]
+    Truncated {
+        /// How many more bytes the opcode needed (at least).
+        needed: u64,
+    },
+    /// An opcode that imports or calls Python objects.
+    #[error("opcode {op} would run code; refusing to load")]
+    RunsCode {
+        /// The opcode's name.
+        op: &'static str,
+    },
+    /// A byte that is not a pickle opcode.
+    #[error("byte 0x{0:02x} is not a pickle opcode (not a pickle, or corrupt)")]
+    UnknownOpcode(u8),
+    /// A `PROTO` above 5.
+    #[error("pickle protocol {0} is newer than protocol 5")]
+    Protocol(u8),
+    /// An opcode found too few values on the stack.
+    #[error("{op} found too few values on the stack (corrupt pickle)")]
+    StackUnderflow {
+        /// The opcode's name.
+        op: &'static str,
+    },
+    /// An opcode that needs a `MARK` found none.
+    #[error("{op} without a MARK (corrupt pickle)")]
+    NoMark {
+        /// The opcode's name.
+        op: &'static str,
+    },
+    /// A memo fetch of a slot that was never stored.
+    #[error("{op} fetches memo slot {index}, which was never stored (corrupt pickle)")]
+    MissingMemo {
+        /// The opcode's name.
+        op: &'static str,
+        /// The memo index asked for.
+        index: u64,
+    },
+    /// An opcode applied to the wrong kind of value.
+    #[error("{op} expects {expected} on the stack, found {found}")]
+    WrongType {
+        /// The opcode's name.
+        op: &'static str,
+        /// What it needed.
+        expected: &'static str,
+        /// What it found.
+        found: &'static str,
+    },
+    /// An opcode argument that does not parse.
+    #[error("malformed argument of {op}")]
+    BadArgument {
+        /// The opcode's name.
+        op: &'static str,
+    },
+    /// An integer wider than 128 bits.
+    #[error("integer of {0} bytes is wider than 128 bits")]
+    IntTooWide(u64),
+    /// A string or bytes object over the size limit.
+    #[error("{what} of {size} bytes is over the limit of {limit} bytes")]
+    TooLarge {
+        /// The opcode's name.
+        what: &'static str,
+        /// The size it announced.
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// More values than the limit allows.
+    #[error("more than {0} values: refusing to use more memory")]
+    TooManyValues(u64),
+    /// Protocol-5 out-of-band buffers.
+    #[error("out-of-band buffers (pickle protocol 5) cannot be read from a file")]
+    OutOfBand,
+    /// The consumer of the values refused one (see [`super::Adopter`]).
+    #[error("{0}")]
+    Rejected(String),
+    /// Reading or decompressing failed.
+    #[error("{0}")]
+    Io(io::Error),
+}

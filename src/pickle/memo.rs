@@ -1,0 +1,141 @@
+//! The pickle memo, packed: one `u64` per entry.
+//!
+//! A large snapshot memoizes close to a million objects (every trace entry dict and every
+//! per-entry string), most never fetched again. Entries are strings, containers or compacted
+//! handles, which all fit in 64 bits with a 4-bit tag; anything else goes to a side table.
+//! Indices the pickle never uses in order (`PUT 4000000000`) live in a hash map, so no index
+//! ever sizes an allocation.
+
+use rustc_hash::FxHashMap;
+
+use super::value::{Ref, StrId, Value};
+
+const TAG_SHIFT: u32 = 60;
+const TAG_STR: u64 = 1;
+const TAG_LIST: u64 = 2;
+const TAG_TUPLE: u64 = 3;
+const TAG_DICT: u64 = 4;
+const TAG_HANDLE: u64 = 5;
+const TAG_OTHER: u64 = 15;
+
+/// Memo storage indexed like Python's memo dict.
+#[derive(Debug, Default)]
+pub(crate) struct Memo {
+    dense: Vec<u64>,
+    sparse: FxHashMap<u64, u64>,
+    other: Vec<Value>,
+}
+
+impl Memo {
+    pub(crate) fn with_capacity(n: usize) -> Memo {
+        Memo {
+            dense: Vec::with_capacity(n),
+            ..Memo::default()
+        }
+    }
+
+    /// Number of entries (what `MEMOIZE` uses as the next index).
+    pub(crate) fn len(&self) -> usize {
+        self.dense.len() + self.sparse.len()
+    }
+
+    fn pack(&mut self, v: Value) -> u64 {
+        let container = |tag: u64, r: Ref| (tag << TAG_SHIFT) | r.pack();
+        match v {
+            Value::Str(s) => (TAG_STR << TAG_SHIFT) | s.0 as u64,
+            Value::List(r) => container(TAG_LIST, r),
+            Value::Tuple(r) => container(TAG_TUPLE, r),
+            Value::Dict(r) => container(TAG_DICT, r),
+            Value::Handle(kind, id) => {
+                (TAG_HANDLE << TAG_SHIFT) | ((kind as u64) << 32) | id as u64
+            }
+            other => {
+                self.other.push(other);
+                (TAG_OTHER << TAG_SHIFT) | (self.other.len() - 1) as u64
+            }
+        }
+    }
+
+    fn unpack(&self, p: u64) -> Value {
+        let payload = p & ((1 << TAG_SHIFT) - 1);
+        match p >> TAG_SHIFT {
+            TAG_STR => Value::Str(StrId(payload as u32)),
+            TAG_LIST => Value::List(Ref::unpack(payload)),
+            TAG_TUPLE => Value::Tuple(Ref::unpack(payload)),
+            TAG_DICT => Value::Dict(Ref::unpack(payload)),
+            TAG_HANDLE => Value::Handle((payload >> 32) as u8, payload as u32),
+            _ => self
+                .other
+                .get(payload as usize)
+                .copied()
+                .unwrap_or(Value::None),
+        }
+    }
+
+    /// Stores `v` at `index`.
+    pub(crate) fn put(&mut self, index: u64, v: Value) {
+        let p = self.pack(v);
+        if index < self.dense.len() as u64 {
+            self.dense[index as usize] = p;
+        } else if index == self.dense.len() as u64 && self.sparse.is_empty() {
+            self.dense.push(p);
+        } else {
+            self.sparse.insert(index, p);
+        }
+    }
+
+    /// The entry at `index`, if stored.
+    #[inline(always)]
+    pub(crate) fn get(&self, index: u64) -> Option<Value> {
+        if let Some(&p) = self.dense.get(index as usize) {
+            return Some(self.unpack(p));
+        }
+        self.sparse.get(&index).map(|&p| self.unpack(p))
+    }
+
+    /// Replaces the entry at `index` if it is stored.
+    pub(crate) fn replace(&mut self, index: u64, v: Value) {
+        if index < self.dense.len() as u64 || self.sparse.contains_key(&index) {
+            self.put(index, v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pickle::Heap;
+
+    #[test]
+    fn every_kind_of_value_round_trips() {
+        let mut heap = Heap::default();
+        let l = heap.new_list(vec![]);
+        let d = heap.new_dict(vec![]);
+        let values = [
+            Value::Str(StrId(7)),
+            Value::List(l),
+            Value::Tuple(l),
+            Value::Dict(d),
+            Value::Handle(3, u32::MAX),
+            Value::Int(-5),
+            Value::Float(0.5),
+            Value::None,
+            Value::Bool(true),
+        ];
+        let mut memo = Memo::default();
+        for (i, v) in values.iter().enumerate() {
+            memo.put(i as u64, *v);
+        }
+        for (i, v) in values.iter().enumerate() {
+            assert_eq!(memo.get(i as u64), Some(*v));
+        }
+        memo.put(1 << 40, Value::Int(1));
+        assert_eq!(memo.get(1 << 40), Some(Value::Int(1)));
+        assert_eq!(memo.get(99), None);
+        assert_eq!(memo.len(), values.len() + 1);
+        memo.replace(0, Value::Int(3));
+        memo.replace(12345, Value::Int(3));
+        assert_eq!(memo.get(0), Some(Value::Int(3)));
+        assert_eq!(memo.get(12345), None);
+    }
+}

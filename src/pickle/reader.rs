@@ -1,0 +1,214 @@
+//! A buffered byte reader that hands out slices and knows its offset.
+//!
+//! The VM reads through this instead of holding the whole (decompressed) file in memory: a
+//! 100 MB snapshot is decoded with a 1 MiB window. A length prefix is never trusted: a string
+//! that claims 2^60 bytes is read in bounded chunks until the input runs out, so memory grows
+//! only with bytes that really exist.
+
+use std::io::{self, Read};
+
+const WINDOW: usize = 1 << 20;
+const SCRATCH_STEP: usize = 1 << 20;
+
+/// Why a read came up short.
+#[derive(Debug)]
+pub(crate) enum ReadError {
+    /// The input ended `needed` bytes before the item did.
+    Truncated { needed: u64 },
+    /// The underlying reader (file, decompressor) failed.
+    Io(io::Error),
+}
+
+/// Buffered reader with slice access and an absolute offset.
+pub(crate) struct Reader<R> {
+    inner: R,
+    buf: Box<[u8]>,
+    pos: usize,
+    end: usize,
+    base: u64,
+    eof: bool,
+    scratch: Vec<u8>,
+}
+
+impl<R: Read> Reader<R> {
+    pub(crate) fn new(inner: R) -> Self {
+        Reader {
+            inner,
+            buf: vec![0; WINDOW].into_boxed_slice(),
+            pos: 0,
+            end: 0,
+            base: 0,
+            eof: false,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Offset of the next unread byte from the start of the stream.
+    #[inline]
+    pub(crate) fn offset(&self) -> u64 {
+        self.base + self.pos as u64
+    }
+
+    fn refill(&mut self) -> Result<(), ReadError> {
+        if self.pos > 0 {
+            self.buf.copy_within(self.pos..self.end, 0);
+            self.base += self.pos as u64;
+            self.end -= self.pos;
+            self.pos = 0;
+        }
+        while !self.eof && self.end < self.buf.len() {
+            match self.inner.read(&mut self.buf[self.end..]) {
+                Ok(0) => self.eof = true,
+                Ok(n) => {
+                    self.end += n;
+                    return Ok(());
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(ReadError::Io(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The buffered bytes not yet consumed (may be shorter than what the input still holds).
+    #[inline(always)]
+    pub(crate) fn window(&self) -> &[u8] {
+        &self.buf[self.pos..self.end]
+    }
+
+    /// Consumes `n` bytes of [`Reader::window`].
+    #[inline(always)]
+    pub(crate) fn advance(&mut self, n: usize) {
+        debug_assert!(self.pos + n <= self.end);
+        self.pos += n;
+    }
+
+    /// The next byte, or `None` at the end of the input.
+    #[inline]
+    pub(crate) fn byte(&mut self) -> Result<Option<u8>, ReadError> {
+        if self.pos == self.end {
+            self.refill()?;
+            if self.pos == self.end {
+                return Ok(None);
+            }
+        }
+        let b = self.buf[self.pos];
+        self.pos += 1;
+        Ok(Some(b))
+    }
+
+    /// Exactly `n` bytes, or [`ReadError::Truncated`].
+    #[inline]
+    pub(crate) fn take(&mut self, n: usize) -> Result<&[u8], ReadError> {
+        if self.end - self.pos >= n {
+            let s = self.pos;
+            self.pos += n;
+            return Ok(&self.buf[s..s + n]);
+        }
+        self.take_slow(n)
+    }
+
+    fn take_slow(&mut self, n: usize) -> Result<&[u8], ReadError> {
+        if n <= self.buf.len() {
+            while self.end - self.pos < n {
+                let before = self.end - self.pos;
+                self.refill()?;
+                if self.end - self.pos == before && self.eof {
+                    return Err(ReadError::Truncated {
+                        needed: (n - before) as u64,
+                    });
+                }
+            }
+            let s = self.pos;
+            self.pos += n;
+            return Ok(&self.buf[s..s + n]);
+        }
+        // Longer than the window: gather in bounded steps so a lying prefix costs nothing.
+        self.scratch.clear();
+        while self.scratch.len() < n {
+            if self.pos == self.end {
+                self.refill()?;
+                if self.pos == self.end {
+                    return Err(ReadError::Truncated {
+                        needed: (n - self.scratch.len()) as u64,
+                    });
+                }
+            }
+            let want = (n - self.scratch.len()).min(self.end - self.pos);
+            self.scratch.reserve(want.min(SCRATCH_STEP));
+            self.scratch
+                .extend_from_slice(&self.buf[self.pos..self.pos + want]);
+            self.pos += want;
+        }
+        Ok(&self.scratch)
+    }
+
+    /// Bytes up to (not including) the next `\n`, which is consumed; at most `limit` bytes.
+    pub(crate) fn line(&mut self, limit: usize) -> Result<Option<&[u8]>, ReadError> {
+        self.scratch.clear();
+        loop {
+            if self.pos == self.end {
+                self.refill()?;
+                if self.pos == self.end {
+                    return Err(ReadError::Truncated { needed: 1 });
+                }
+            }
+            let window = &self.buf[self.pos..self.end];
+            match window.iter().position(|&b| b == b'\n') {
+                Some(i) => {
+                    if self.scratch.len() + i > limit {
+                        return Ok(None);
+                    }
+                    self.scratch.extend_from_slice(&window[..i]);
+                    self.pos += i + 1;
+                    return Ok(Some(&self.scratch));
+                }
+                None => {
+                    if self.scratch.len() + window.len() > limit {
+                        return Ok(None);
+                    }
+                    self.scratch.extend_from_slice(window);
+                    self.pos = self.end;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takes_across_window_boundaries() {
+        let data: Vec<u8> = (0..3 * WINDOW + 17).map(|i| (i % 251) as u8).collect();
+        let mut r = Reader::new(&data[..]);
+        let mut off = 0usize;
+        for n in [1usize, WINDOW - 3, 10, WINDOW + 5, 2] {
+            let got = r.take(n).unwrap().to_vec();
+            assert_eq!(got, data[off..off + n]);
+            off += n;
+            assert_eq!(r.offset(), off as u64);
+        }
+    }
+
+    #[test]
+    fn lying_length_is_truncation_not_allocation() {
+        let data = [1u8, 2, 3];
+        let mut r = Reader::new(&data[..]);
+        match r.take(1 << 40) {
+            Err(ReadError::Truncated { needed }) => assert_eq!(needed, (1u64 << 40) - 3),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn lines_respect_their_limit() {
+        let data = b"12345\nabc";
+        let mut r = Reader::new(&data[..]);
+        assert_eq!(r.line(10).unwrap(), Some(&b"12345"[..]));
+        assert!(matches!(r.line(10), Err(ReadError::Truncated { .. })));
+        let mut r = Reader::new(&data[..]);
+        assert_eq!(r.line(3).unwrap(), None);
+    }
+}

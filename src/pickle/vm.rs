@@ -1,0 +1,874 @@
+//! The pickle virtual machine: a loop over opcodes that builds values and never runs code.
+//!
+//! Python's `pickle` is a small stack machine. Data-only pickles (what `torch.cuda.memory`
+//! writes) use about forty opcodes that push scalars, build lists, tuples and dicts, and store
+//! or fetch objects in a memo. The dozen opcodes that import names or call objects (`GLOBAL`,
+//! `REDUCE`, `BUILD`, ...) are refused with the byte offset where they appear.
+
+use std::io::Read;
+
+use super::error::{DecodeError, DecodeErrorKind};
+use super::memo::Memo;
+use super::opcodes as op;
+use super::reader::{ReadError, Reader};
+use super::value::{Heap, Value};
+
+/// Caps that keep a hostile pickle from taking unbounded memory.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Most values the VM will create (each one costs about 16 bytes).
+    pub max_values: u64,
+    /// Longest single string or bytes object, in bytes.
+    pub max_string_bytes: usize,
+    /// Expected size of the pickle, when known: memory is reserved up front (untouched pages
+    /// cost nothing) instead of growing and copying.
+    pub size_hint: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_values: 1 << 28,
+            max_string_bytes: 256 << 20,
+            size_hint: 0,
+        }
+    }
+}
+
+/// Called whenever a value is stored into a container, so that a consumer can compact
+/// containers it understands as soon as they are complete (and free their storage).
+pub trait Adopter {
+    /// Called once before decoding starts, e.g. to intern the keys the adopter looks for.
+    fn prepare(&mut self, _heap: &mut Heap, _limits: &Limits) {}
+
+    /// Returns the value to store in place of `value`. `key` is the dict key for dict values and
+    /// `None` for list, tuple and set items.
+    fn adopt(&mut self, heap: &mut Heap, key: Option<Value>, value: Value)
+        -> Result<Value, String>;
+}
+
+/// An [`Adopter`] that keeps every value as it is.
+pub struct KeepAll;
+
+impl Adopter for KeepAll {
+    fn adopt(&mut self, _: &mut Heap, _: Option<Value>, value: Value) -> Result<Value, String> {
+        Ok(value)
+    }
+}
+
+/// The result of decoding one pickle.
+#[derive(Debug)]
+pub struct Decoded {
+    /// The value that `STOP` returned.
+    pub root: Value,
+    /// Storage for every container and string reachable from `root`.
+    pub heap: Heap,
+    /// The protocol named by the `PROTO` opcode (0 or 1 when there is none).
+    pub protocol: u8,
+    /// Bytes of pickle consumed, up to and including `STOP`.
+    pub bytes_read: u64,
+}
+
+struct Vm<'a, A: Adopter> {
+    heap: Heap,
+    stack: Vec<Value>,
+    marks: Vec<usize>,
+    memo: Memo,
+    protocol: u8,
+    values: u64,
+    limits: Limits,
+    adopter: &'a mut A,
+    offset: u64,
+}
+
+/// Decodes one pickle from `input`, handing completed values to `adopter`.
+pub fn decode_with<R: Read, A: Adopter>(
+    input: R,
+    limits: Limits,
+    adopter: &mut A,
+) -> Result<Decoded, DecodeError> {
+    let mut reader = Reader::new(input);
+    let mut heap = Heap::default();
+    adopter.prepare(&mut heap, &limits);
+    let mut vm = Vm {
+        heap,
+        stack: Vec::with_capacity(1024),
+        marks: Vec::with_capacity(64),
+        // A memo entry costs at least 2 pickle bytes (a value and MEMOIZE); real files use ~35.
+        memo: Memo::with_capacity((limits.size_hint / 24).min(1 << 26) as usize),
+        protocol: 0,
+        values: 0,
+        limits,
+        adopter,
+        offset: 0,
+    };
+    let root = vm.run(&mut reader)?;
+    Ok(Decoded {
+        root,
+        heap: vm.heap,
+        protocol: vm.protocol,
+        bytes_read: reader.offset(),
+    })
+}
+
+/// Decodes one pickle from `input`, keeping every value.
+pub fn decode<R: Read>(input: R, limits: Limits) -> Result<Decoded, DecodeError> {
+    decode_with(input, limits, &mut KeepAll)
+}
+
+fn type_name(v: Value) -> &'static str {
+    match v {
+        Value::None => "None",
+        Value::Bool(_) => "bool",
+        Value::Int(_) | Value::BigInt(_) => "int",
+        Value::Float(_) => "float",
+        Value::Str(_) => "str",
+        Value::Bytes(_) => "bytes",
+        Value::List(_) => "list",
+        Value::Tuple(_) => "tuple",
+        Value::Dict(_) => "dict",
+        Value::Handle(..) => "compacted object",
+    }
+}
+
+fn op_name(code: u8) -> &'static str {
+    op::name(code).unwrap_or("?")
+}
+
+impl<A: Adopter> Vm<'_, A> {
+    fn err(&self, kind: DecodeErrorKind) -> DecodeError {
+        DecodeError {
+            offset: self.offset,
+            kind,
+        }
+    }
+
+    fn read_err(&self, e: ReadError) -> DecodeError {
+        match e {
+            ReadError::Truncated { needed } => self.err(DecodeErrorKind::Truncated { needed }),
+            ReadError::Io(e) => self.err(DecodeErrorKind::Io(e)),
+        }
+    }
+
+    #[inline(always)]
+    fn push(&mut self, v: Value) -> Result<(), DecodeError> {
+        self.values += 1;
+        if self.values > self.limits.max_values {
+            return Err(self.too_many());
+        }
+        self.stack.push(v);
+        Ok(())
+    }
+
+    #[cold]
+    fn too_many(&self) -> DecodeError {
+        self.err(DecodeErrorKind::TooManyValues(self.limits.max_values))
+    }
+
+    #[inline]
+    fn pop(&mut self, code: u8) -> Result<Value, DecodeError> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if self.stack.len() <= floor {
+            return Err(self.err(DecodeErrorKind::StackUnderflow { op: op_name(code) }));
+        }
+        Ok(self.stack.pop().expect("length checked"))
+    }
+
+    #[inline]
+    fn top(&self, code: u8) -> Result<Value, DecodeError> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if self.stack.len() <= floor {
+            return Err(self.err(DecodeErrorKind::StackUnderflow { op: op_name(code) }));
+        }
+        Ok(*self.stack.last().expect("length checked"))
+    }
+
+    /// The value just below a popped mark at `m` (the container an `APPENDS` or `SETITEMS`
+    /// fills).
+    fn below(&self, code: u8, m: usize) -> Result<Value, DecodeError> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if m == 0 || m - 1 < floor {
+            return Err(self.err(DecodeErrorKind::StackUnderflow { op: op_name(code) }));
+        }
+        Ok(self.stack[m - 1])
+    }
+
+    /// Pops everything above the most recent mark, and the mark.
+    fn pop_mark(&mut self, code: u8) -> Result<Vec<Value>, DecodeError> {
+        let Some(m) = self.marks.pop() else {
+            return Err(self.err(DecodeErrorKind::NoMark { op: op_name(code) }));
+        };
+        Ok(self.stack.split_off(m))
+    }
+
+    /// Hands a container being stored to the adopter (other values are stored as they are:
+    /// callers test [`is_container`] first, which keeps this call off the common path).
+    #[inline(never)]
+    fn adopt(&mut self, key: Option<Value>, v: Value) -> Result<Value, DecodeError> {
+        if !is_container(v) {
+            return Ok(v);
+        }
+        if let Some(replacement) = self.heap.forwarded(v) {
+            return Ok(replacement);
+        }
+        let offset = self.offset;
+        let out = self
+            .adopter
+            .adopt(&mut self.heap, key, v)
+            .map_err(|msg| DecodeError {
+                offset,
+                kind: DecodeErrorKind::Rejected(msg),
+            })?;
+        while let Some((slot, replacement)) = self.heap.memo_rewrites.pop() {
+            self.memo.replace(slot as u64, replacement);
+        }
+        Ok(out)
+    }
+
+    fn adopt_all(&mut self, items: &mut [Value]) -> Result<(), DecodeError> {
+        for item in items.iter_mut() {
+            if is_container(*item) {
+                *item = self.adopt(None, *item)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn memo_put(&mut self, index: u64, v: Value) {
+        self.heap.note_memo(v, index);
+        self.memo.put(index, v);
+    }
+
+    #[inline(always)]
+    fn memo_get(&mut self, code: u8, index: u64) -> Result<(), DecodeError> {
+        match self.memo.get(index) {
+            Some(v) => self.push(v),
+            None => Err(self.missing_memo(code, index)),
+        }
+    }
+
+    #[cold]
+    fn missing_memo(&self, code: u8, index: u64) -> DecodeError {
+        self.err(DecodeErrorKind::MissingMemo {
+            op: op_name(code),
+            index,
+        })
+    }
+
+    fn text_arg<'r, R: Read>(
+        &self,
+        r: &'r mut Reader<R>,
+        code: u8,
+    ) -> Result<&'r [u8], DecodeError> {
+        let limit = self.limits.max_string_bytes;
+        match r.line(limit) {
+            Ok(Some(line)) => Ok(line),
+            Ok(None) => Err(self.err(DecodeErrorKind::TooLarge {
+                what: op_name(code),
+                size: limit as u64 + 1,
+                limit: limit as u64,
+            })),
+            Err(e) => Err(self.read_err(e)),
+        }
+    }
+
+    fn sized<'r, R: Read>(
+        &self,
+        r: &'r mut Reader<R>,
+        code: u8,
+        len: u64,
+    ) -> Result<&'r [u8], DecodeError> {
+        if len > self.limits.max_string_bytes as u64 {
+            return Err(self.err(DecodeErrorKind::TooLarge {
+                what: op_name(code),
+                size: len,
+                limit: self.limits.max_string_bytes as u64,
+            }));
+        }
+        r.take(len as usize).map_err(|e| self.read_err(e))
+    }
+
+    #[inline(always)]
+    fn fixed<R: Read, const N: usize>(&self, r: &mut Reader<R>) -> Result<[u8; N], DecodeError> {
+        let s = r.take(N).map_err(|e| self.read_err(e))?;
+        let mut out = [0u8; N];
+        out.copy_from_slice(s);
+        Ok(out)
+    }
+
+    fn push_long(&mut self, le: &[u8]) -> Result<(), DecodeError> {
+        if le.len() > 16 {
+            return Err(self.err(DecodeErrorKind::IntTooWide(le.len() as u64)));
+        }
+        let v = if le.is_empty() {
+            0
+        } else {
+            let mut buf = if le[le.len() - 1] & 0x80 != 0 {
+                [0xffu8; 16]
+            } else {
+                [0u8; 16]
+            };
+            buf[..le.len()].copy_from_slice(le);
+            i128::from_le_bytes(buf)
+        };
+        let value = self.heap.new_big_int(v);
+        self.push(value)
+    }
+
+    fn run<R: Read>(&mut self, r: &mut Reader<R>) -> Result<Value, DecodeError> {
+        loop {
+            self.offset = r.offset();
+            if self.fast_step(r)? {
+                continue;
+            }
+            let code = match r.byte() {
+                Ok(Some(b)) => b,
+                Ok(None) if self.offset == 0 => return Err(self.err(DecodeErrorKind::Empty)),
+                Ok(None) => return Err(self.err(DecodeErrorKind::Truncated { needed: 1 })),
+                Err(e) => return Err(self.read_err(e)),
+            };
+            match code {
+                op::PROTO => {
+                    let [v] = self.fixed::<R, 1>(r)?;
+                    if v > 5 {
+                        return Err(self.err(DecodeErrorKind::Protocol(v)));
+                    }
+                    self.protocol = v;
+                }
+                op::FRAME => {
+                    self.fixed::<R, 8>(r)?;
+                }
+                op::STOP => {
+                    return self.pop(code);
+                }
+                op::MARK => self.marks.push(self.stack.len()),
+                op::POP => {
+                    if self.marks.last() == Some(&self.stack.len()) {
+                        // Python pops a mark when the stack top is one.
+                        self.marks.pop();
+                    } else {
+                        self.pop(code)?;
+                    }
+                }
+                op::POP_MARK => {
+                    self.pop_mark(code)?;
+                }
+                op::DUP => {
+                    let v = self.top(code)?;
+                    self.push(v)?;
+                }
+                op::NONE => self.push(Value::None)?,
+                op::NEWTRUE => self.push(Value::Bool(true))?,
+                op::NEWFALSE => self.push(Value::Bool(false))?,
+                op::BININT => {
+                    let b = self.fixed::<R, 4>(r)?;
+                    self.push(Value::Int(i32::from_le_bytes(b) as i64))?;
+                }
+                op::BININT1 => {
+                    let [b] = self.fixed::<R, 1>(r)?;
+                    self.push(Value::Int(b as i64))?;
+                }
+                op::BININT2 => {
+                    let b = self.fixed::<R, 2>(r)?;
+                    self.push(Value::Int(u16::from_le_bytes(b) as i64))?;
+                }
+                op::LONG1 => {
+                    let [n] = self.fixed::<R, 1>(r)?;
+                    let bytes = r.take(n as usize).map_err(|e| self.read_err(e))?;
+                    let mut le = [0u8; 255];
+                    le[..n as usize].copy_from_slice(bytes);
+                    self.push_long(&le[..n as usize])?;
+                }
+                op::LONG4 => {
+                    let b = self.fixed::<R, 4>(r)?;
+                    let n = i32::from_le_bytes(b);
+                    if n < 0 {
+                        return Err(self.err(DecodeErrorKind::BadArgument { op: "LONG4" }));
+                    }
+                    if n > 16 {
+                        return Err(self.err(DecodeErrorKind::IntTooWide(n as u64)));
+                    }
+                    let bytes = r.take(n as usize).map_err(|e| self.read_err(e))?;
+                    let mut le = [0u8; 16];
+                    le[..n as usize].copy_from_slice(bytes);
+                    self.push_long(&le[..n as usize])?;
+                }
+                op::INT | op::LONG => {
+                    let text = self.text_arg(r, code)?.to_vec();
+                    let v = self.text_int(code, &text)?;
+                    self.push(v)?;
+                }
+                op::FLOAT => {
+                    let text = self.text_arg(r, code)?;
+                    let v = std::str::from_utf8(text)
+                        .ok()
+                        .and_then(|s| s.trim().parse::<f64>().ok());
+                    match v {
+                        Some(f) => self.push(Value::Float(f))?,
+                        None => return Err(self.err(DecodeErrorKind::BadArgument { op: "FLOAT" })),
+                    }
+                }
+                op::BINFLOAT => {
+                    let b = self.fixed::<R, 8>(r)?;
+                    self.push(Value::Float(f64::from_be_bytes(b)))?;
+                }
+                op::SHORT_BINUNICODE => {
+                    let [n] = self.fixed::<R, 1>(r)?;
+                    let id = {
+                        let s = r.take(n as usize).map_err(|e| self.read_err(e))?;
+                        intern_utf8(&mut self.heap, s)
+                    };
+                    self.push(Value::Str(id))?;
+                }
+                op::BINUNICODE => {
+                    let n = u32::from_le_bytes(self.fixed::<R, 4>(r)?) as u64;
+                    let id = {
+                        let s = self.sized(r, code, n)?;
+                        intern_utf8(&mut self.heap, s)
+                    };
+                    self.push(Value::Str(id))?;
+                }
+                op::BINUNICODE8 => {
+                    let n = u64::from_le_bytes(self.fixed::<R, 8>(r)?);
+                    let id = {
+                        let s = self.sized(r, code, n)?;
+                        intern_utf8(&mut self.heap, s)
+                    };
+                    self.push(Value::Str(id))?;
+                }
+                op::SHORT_BINSTRING => {
+                    let [n] = self.fixed::<R, 1>(r)?;
+                    let text: String = {
+                        let s = r.take(n as usize).map_err(|e| self.read_err(e))?;
+                        s.iter().map(|&b| b as char).collect()
+                    };
+                    let id = self.heap.intern(&text);
+                    self.push(Value::Str(id))?;
+                }
+                op::BINSTRING => {
+                    let n = i32::from_le_bytes(self.fixed::<R, 4>(r)?);
+                    if n < 0 {
+                        return Err(self.err(DecodeErrorKind::BadArgument { op: "BINSTRING" }));
+                    }
+                    let text: String = {
+                        let s = self.sized(r, code, n as u64)?;
+                        s.iter().map(|&b| b as char).collect()
+                    };
+                    let id = self.heap.intern(&text);
+                    self.push(Value::Str(id))?;
+                }
+                op::STRING => {
+                    let line = self.text_arg(r, code)?.to_vec();
+                    let text = unquote_py_string(&line)
+                        .ok_or_else(|| self.err(DecodeErrorKind::BadArgument { op: "STRING" }))?;
+                    let id = self.heap.intern(&text);
+                    self.push(Value::Str(id))?;
+                }
+                op::UNICODE => {
+                    let line = self.text_arg(r, code)?.to_vec();
+                    let text = raw_unicode_unescape(&line);
+                    let id = self.heap.intern(&text);
+                    self.push(Value::Str(id))?;
+                }
+                op::SHORT_BINBYTES => {
+                    let [n] = self.fixed::<R, 1>(r)?;
+                    let v = {
+                        let s = r.take(n as usize).map_err(|e| self.read_err(e))?;
+                        let s = s.to_vec();
+                        self.heap.new_bytes(&s)
+                    };
+                    self.push(v)?;
+                }
+                op::BINBYTES => {
+                    let n = u32::from_le_bytes(self.fixed::<R, 4>(r)?) as u64;
+                    let s = self.sized(r, code, n)?.to_vec();
+                    let v = self.heap.new_bytes(&s);
+                    self.push(v)?;
+                }
+                op::BINBYTES8 | op::BYTEARRAY8 => {
+                    let n = u64::from_le_bytes(self.fixed::<R, 8>(r)?);
+                    let s = self.sized(r, code, n)?.to_vec();
+                    let v = self.heap.new_bytes(&s);
+                    self.push(v)?;
+                }
+                op::EMPTY_LIST | op::EMPTY_SET => {
+                    let id = self.heap.empty_list();
+                    self.push(Value::List(id))?;
+                }
+                op::EMPTY_TUPLE => {
+                    let id = self.heap.new_list(Vec::new());
+                    self.push(Value::Tuple(id))?;
+                }
+                op::EMPTY_DICT => {
+                    let id = self.heap.empty_dict();
+                    self.push(Value::Dict(id))?;
+                }
+                op::LIST | op::FROZENSET => {
+                    let mut items = self.pop_mark(code)?;
+                    self.adopt_all(&mut items)?;
+                    let id = self.heap.new_list(items);
+                    self.push(Value::List(id))?;
+                }
+                op::TUPLE => {
+                    let mut items = self.pop_mark(code)?;
+                    self.adopt_all(&mut items)?;
+                    let id = self.heap.new_list(items);
+                    self.push(Value::Tuple(id))?;
+                }
+                op::TUPLE1 | op::TUPLE2 | op::TUPLE3 => {
+                    let n = (code - op::TUPLE1 + 1) as usize;
+                    let floor = self.marks.last().copied().unwrap_or(0);
+                    if self.stack.len() < floor + n {
+                        return Err(self.err(DecodeErrorKind::StackUnderflow { op: op_name(code) }));
+                    }
+                    let mut items = self.stack.split_off(self.stack.len() - n);
+                    self.adopt_all(&mut items)?;
+                    let id = self.heap.new_list(items);
+                    self.push(Value::Tuple(id))?;
+                }
+                op::DICT => {
+                    let items = self.pop_mark(code)?;
+                    if !items.len().is_multiple_of(2) {
+                        return Err(self.err(DecodeErrorKind::BadArgument { op: "DICT" }));
+                    }
+                    let mut pairs = Vec::with_capacity(items.len() / 2);
+                    for kv in items.chunks_exact(2) {
+                        let v = self.adopt(Some(kv[0]), kv[1])?;
+                        pairs.push((kv[0], v));
+                    }
+                    let id = self.heap.new_dict(pairs);
+                    self.push(Value::Dict(id))?;
+                }
+                op::APPEND => {
+                    let item = self.pop(code)?;
+                    let target = self.top(code)?;
+                    let item = self.adopt(None, item)?;
+                    self.list_target(code, target)?.push(item);
+                }
+                op::APPENDS | op::ADDITEMS => {
+                    let Some(m) = self.marks.pop() else {
+                        return Err(self.err(DecodeErrorKind::NoMark { op: op_name(code) }));
+                    };
+                    let target = self.below(code, m)?;
+                    self.list_target(code, target)?;
+                    for i in m..self.stack.len() {
+                        let item = self.stack[i];
+                        if is_container(item) {
+                            self.stack[i] = self.adopt(None, item)?;
+                        }
+                    }
+                    let Value::List(r) = target else {
+                        unreachable!("checked")
+                    };
+                    let (stack, heap) = (&mut self.stack, &mut self.heap);
+                    if let Some(list) = heap.list_mut(r) {
+                        list.extend_from_slice(&stack[m..]);
+                    }
+                    stack.truncate(m);
+                }
+                op::SETITEM => {
+                    let v = self.pop(code)?;
+                    let k = self.pop(code)?;
+                    let target = self.top(code)?;
+                    self.dict_target(code, target)?;
+                    let v = self.adopt(Some(k), v)?;
+                    self.dict_target(code, target)?.push((k, v));
+                }
+                op::SETITEMS => {
+                    let Some(m) = self.marks.pop() else {
+                        return Err(self.err(DecodeErrorKind::NoMark { op: op_name(code) }));
+                    };
+                    if !(self.stack.len() - m).is_multiple_of(2) {
+                        return Err(self.err(DecodeErrorKind::BadArgument { op: "SETITEMS" }));
+                    }
+                    let target = self.below(code, m)?;
+                    self.dict_target(code, target)?;
+                    let mut i = m;
+                    while i < self.stack.len() {
+                        let (k, v) = (self.stack[i], self.stack[i + 1]);
+                        if is_container(v) {
+                            self.stack[i + 1] = self.adopt(Some(k), v)?;
+                        }
+                        i += 2;
+                    }
+                    let Value::Dict(r) = target else {
+                        unreachable!("checked")
+                    };
+                    let (stack, heap) = (&mut self.stack, &mut self.heap);
+                    if let Some(dict) = heap.dict_mut(r) {
+                        dict.extend(stack[m..].chunks_exact(2).map(|kv| (kv[0], kv[1])));
+                    }
+                    stack.truncate(m);
+                }
+                op::MEMOIZE => {
+                    let v = self.top(code)?;
+                    let index = self.memo.len() as u64;
+                    self.memo_put(index, v);
+                }
+                op::BINPUT => {
+                    let [i] = self.fixed::<R, 1>(r)?;
+                    let v = self.top(code)?;
+                    self.memo_put(i as u64, v);
+                }
+                op::LONG_BINPUT => {
+                    let i = u32::from_le_bytes(self.fixed::<R, 4>(r)?);
+                    let v = self.top(code)?;
+                    self.memo_put(i as u64, v);
+                }
+                op::PUT => {
+                    let i = self.text_index(r, code)?;
+                    let v = self.top(code)?;
+                    self.memo_put(i, v);
+                }
+                op::BINGET => {
+                    let [i] = self.fixed::<R, 1>(r)?;
+                    self.memo_get(code, i as u64)?;
+                }
+                op::LONG_BINGET => {
+                    let i = u32::from_le_bytes(self.fixed::<R, 4>(r)?);
+                    self.memo_get(code, i as u64)?;
+                }
+                op::GET => {
+                    let i = self.text_index(r, code)?;
+                    self.memo_get(code, i)?;
+                }
+                op::NEXT_BUFFER | op::READONLY_BUFFER => {
+                    return Err(self.err(DecodeErrorKind::OutOfBand));
+                }
+                c if op::runs_code(c) => {
+                    return Err(self.err(DecodeErrorKind::RunsCode { op: op_name(c) }));
+                }
+                c => return Err(self.err(DecodeErrorKind::UnknownOpcode(c))),
+            }
+        }
+    }
+
+    /// Decodes one of the opcodes that make up nearly all of a snapshot straight from the
+    /// buffered window. Returns `false` (consuming nothing) for any other opcode, or when the
+    /// window is too short; the general path in [`Vm::run`] then takes it.
+    #[inline(always)]
+    fn fast_step<R: Read>(&mut self, r: &mut Reader<R>) -> Result<bool, DecodeError> {
+        let w = r.window();
+        if w.len() < 10 {
+            return Ok(false);
+        }
+        let code = w[0];
+        match code {
+            op::LONG_BINGET => {
+                let i = u32::from_le_bytes([w[1], w[2], w[3], w[4]]);
+                r.advance(5);
+                self.memo_get(code, i as u64)?;
+            }
+            op::BINGET => {
+                let i = w[1];
+                r.advance(2);
+                self.memo_get(code, i as u64)?;
+            }
+            op::MEMOIZE => {
+                r.advance(1);
+                let v = self.top(code)?;
+                let index = self.memo.len() as u64;
+                self.memo_put(index, v);
+            }
+            op::MARK => {
+                r.advance(1);
+                self.marks.push(self.stack.len());
+            }
+            op::BININT1 => {
+                let b = w[1];
+                r.advance(2);
+                self.push(Value::Int(b as i64))?;
+            }
+            op::BININT => {
+                let v = i32::from_le_bytes([w[1], w[2], w[3], w[4]]);
+                r.advance(5);
+                self.push(Value::Int(v as i64))?;
+            }
+            op::BININT2 => {
+                let v = u16::from_le_bytes([w[1], w[2]]);
+                r.advance(3);
+                self.push(Value::Int(v as i64))?;
+            }
+            op::LONG1 if w[1] <= 8 => {
+                let n = w[1] as usize;
+                let mut le = [0u8; 8];
+                le[..n].copy_from_slice(&w[2..2 + n]);
+                if n > 0 && n < 8 && w[1 + n] & 0x80 != 0 {
+                    le[n..].fill(0xff);
+                }
+                r.advance(2 + n);
+                self.push(Value::Int(i64::from_le_bytes(le)))?;
+            }
+            op::SHORT_BINUNICODE if w.len() >= 2 + w[1] as usize => {
+                let n = w[1] as usize;
+                let id = intern_utf8(&mut self.heap, &w[2..2 + n]);
+                r.advance(2 + n);
+                self.push(Value::Str(id))?;
+            }
+            op::EMPTY_DICT => {
+                r.advance(1);
+                let id = self.heap.empty_dict();
+                self.push(Value::Dict(id))?;
+            }
+            op::EMPTY_LIST => {
+                r.advance(1);
+                let id = self.heap.empty_list();
+                self.push(Value::List(id))?;
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn text_int(&mut self, code: u8, text: &[u8]) -> Result<Value, DecodeError> {
+        let bad = DecodeErrorKind::BadArgument { op: op_name(code) };
+        let Some(s) = std::str::from_utf8(text).ok().map(str::trim) else {
+            return Err(self.err(bad));
+        };
+        if code == op::INT && s == "00" {
+            return Ok(Value::Bool(false));
+        }
+        if code == op::INT && s == "01" {
+            return Ok(Value::Bool(true));
+        }
+        match s.strip_suffix('L').unwrap_or(s).parse::<i128>() {
+            Ok(v) => Ok(self.heap.new_big_int(v)),
+            Err(_) => Err(self.err(bad)),
+        }
+    }
+
+    fn text_index<R: Read>(&self, r: &mut Reader<R>, code: u8) -> Result<u64, DecodeError> {
+        let line = self.text_arg(r, code)?;
+        std::str::from_utf8(line)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .ok_or_else(|| self.err(DecodeErrorKind::BadArgument { op: op_name(code) }))
+    }
+
+    fn list_target(&mut self, code: u8, target: Value) -> Result<&mut Vec<Value>, DecodeError> {
+        let offset = self.offset;
+        match target {
+            Value::List(id) => self.heap.list_mut(id).ok_or(DecodeError {
+                offset,
+                kind: DecodeErrorKind::WrongType {
+                    op: op_name(code),
+                    expected: "a list",
+                    found: "a released list",
+                },
+            }),
+            other => Err(DecodeError {
+                offset,
+                kind: DecodeErrorKind::WrongType {
+                    op: op_name(code),
+                    expected: "a list",
+                    found: type_name(other),
+                },
+            }),
+        }
+    }
+
+    fn dict_target(
+        &mut self,
+        code: u8,
+        target: Value,
+    ) -> Result<&mut Vec<(Value, Value)>, DecodeError> {
+        let offset = self.offset;
+        match target {
+            Value::Dict(id) => self.heap.dict_mut(id).ok_or(DecodeError {
+                offset,
+                kind: DecodeErrorKind::WrongType {
+                    op: op_name(code),
+                    expected: "a dict",
+                    found: "a released dict",
+                },
+            }),
+            other => Err(DecodeError {
+                offset,
+                kind: DecodeErrorKind::WrongType {
+                    op: op_name(code),
+                    expected: "a dict",
+                    found: type_name(other),
+                },
+            }),
+        }
+    }
+}
+
+#[inline(always)]
+fn is_container(v: Value) -> bool {
+    matches!(v, Value::List(_) | Value::Dict(_) | Value::Tuple(_))
+}
+
+fn intern_utf8(heap: &mut Heap, bytes: &[u8]) -> super::value::StrId {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => heap.intern(s),
+        // Python writes lone surrogates with 'surrogatepass'; keep the rest of the text.
+        Err(_) => heap.intern(&String::from_utf8_lossy(bytes)),
+    }
+}
+
+/// Decodes a protocol-0 `STRING` argument: a Python string literal in quotes.
+fn unquote_py_string(line: &[u8]) -> Option<String> {
+    let q = *line.first()?;
+    if !(q == b'\'' || q == b'"') || line.len() < 2 || *line.last()? != q {
+        return None;
+    }
+    let body = &line[1..line.len() - 1];
+    let mut out = String::with_capacity(body.len());
+    let mut i = 0;
+    while i < body.len() {
+        let b = body[i];
+        if b != b'\\' {
+            out.push(b as char);
+            i += 1;
+            continue;
+        }
+        let e = *body.get(i + 1)?;
+        i += 2;
+        match e {
+            b'n' => out.push('\n'),
+            b't' => out.push('\t'),
+            b'r' => out.push('\r'),
+            b'0'..=b'7' => {
+                let mut v = (e - b'0') as u32;
+                let mut k = 0;
+                while k < 2 && i < body.len() && (b'0'..=b'7').contains(&body[i]) {
+                    v = v * 8 + (body[i] - b'0') as u32;
+                    i += 1;
+                    k += 1;
+                }
+                out.push(char::from_u32(v & 0xff)?);
+            }
+            b'x' => {
+                let hex = std::str::from_utf8(body.get(i..i + 2)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()? as char);
+                i += 2;
+            }
+            other => out.push(other as char),
+        }
+    }
+    Some(out)
+}
+
+/// Decodes a protocol-0 `UNICODE` argument (Python's raw-unicode-escape codec).
+fn raw_unicode_unescape(line: &[u8]) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut i = 0;
+    while i < line.len() {
+        if line[i] == b'\\' && i + 1 < line.len() && (line[i + 1] == b'u' || line[i + 1] == b'U') {
+            let width = if line[i + 1] == b'u' { 4 } else { 8 };
+            let digits = line
+                .get(i + 2..i + 2 + width)
+                .and_then(|d| std::str::from_utf8(d).ok())
+                .and_then(|d| u32::from_str_radix(d, 16).ok());
+            if let Some(c) = digits.and_then(char::from_u32) {
+                out.push(c);
+                i += 2 + width;
+                continue;
+            }
+        }
+        out.push(line[i] as char);
+        i += 1;
+    }
+    out
+}

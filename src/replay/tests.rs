@@ -1,0 +1,208 @@
+//! Replay tests on small hand-made traces.
+
+use super::*;
+use crate::snapshot::*;
+
+const MB: u64 = 1 << 20;
+
+fn ev(action: Action, addr: u64, size: u64) -> TraceEvent {
+    TraceEvent {
+        addr,
+        size,
+        time_us: 0,
+        stream: 0,
+        stack: StackId::EMPTY,
+        compile_context: StrId(0),
+        user_metadata: StrId(0),
+        forward_frames: 0,
+        action,
+    }
+}
+
+fn segment(address: u64, total: u64, blocks: Vec<(u64, u64, BlockState)>) -> Segment {
+    Segment {
+        device: 0,
+        address,
+        total_size: total,
+        stream: 0,
+        segment_type: if total == 2 * MB {
+            SegmentType::Small
+        } else {
+            SegmentType::Large
+        },
+        pool_id: (0, 0),
+        is_expandable: false,
+        stack: StackId::EMPTY,
+        blocks: blocks
+            .into_iter()
+            .map(|(a, size, state)| Block {
+                address: a,
+                size,
+                requested_size: size,
+                state,
+                stack: StackId::EMPTY,
+            })
+            .collect(),
+    }
+}
+
+fn snap(segments: Vec<Segment>, events: Vec<TraceEvent>) -> crate::snapshot::Snapshot {
+    crate::snapshot::Snapshot {
+        segments,
+        traces: vec![events],
+        ..crate::snapshot::Snapshot::default()
+    }
+}
+
+use Action::*;
+use BlockState::*;
+
+#[test]
+fn unsplit_block_counts_whole() {
+    // A 20 MiB segment; 15 MiB then 4 MiB: the 5 MiB remainder leaves 1 MiB, not split.
+    let base = 1 << 40;
+    let s = snap(
+        vec![segment(
+            base,
+            20 * MB,
+            vec![
+                (base, 15 * MB, ActiveAllocated),
+                (base + 15 * MB, 5 * MB, ActiveAllocated),
+            ],
+        )],
+        vec![
+            ev(SegmentAlloc, base, 20 * MB),
+            ev(Alloc, base, 15 * MB),
+            ev(Alloc, base + 15 * MB, 4 * MB),
+        ],
+    );
+    let r = replay(&s, 0, SizeModel::Allocator);
+    assert_eq!(r.allocated, vec![0, 15 * MB, 20 * MB]);
+    assert_eq!(r.bytes[2], 5 * MB);
+    assert!(r.check.consistent, "{:?}", r.check);
+    assert_eq!(r.start.reserved, 0);
+    assert_eq!(r.peaks.reserved.bytes, 20 * MB);
+    // Rounded accounting anchors at the snapshot's 20 MiB: starts at 1 MiB.
+    let r = replay(&s, 0, SizeModel::Rounded);
+    assert_eq!(r.start.allocated, MB);
+    assert_eq!(r.allocated, vec![MB, 16 * MB, 20 * MB]);
+}
+
+#[test]
+fn preexisting_blocks_and_orphan_frees() {
+    let base = 1 << 40;
+    // Block A (1 MiB) alive before the trace and still at the end; block B (2 MiB) allocated
+    // before the trace and freed in it; C allocated and freed in the trace.
+    let s = snap(
+        vec![segment(
+            base,
+            20 * MB,
+            vec![(base, MB, ActiveAllocated), (base + MB, 19 * MB, Inactive)],
+        )],
+        vec![
+            ev(FreeRequested, base + MB, 2 * MB),
+            ev(FreeCompleted, base + MB, 2 * MB),
+            ev(Alloc, base + MB, 3 * MB),
+            ev(FreeRequested, base + MB, 3 * MB),
+            ev(FreeCompleted, base + MB, 3 * MB),
+        ],
+    );
+    let r = replay(&s, 0, SizeModel::Allocator);
+    assert_eq!(r.start.allocated, 3 * MB);
+    assert_eq!(r.allocated, vec![MB, MB, 4 * MB, MB, MB]);
+    assert_eq!(r.history.frees_without_alloc, 1);
+    assert!(!r.history.complete);
+    assert!(r.check.consistent, "{:?}", r.check);
+    assert_eq!(r.preexisting.len(), 2);
+    // partner links: the first free points at a pre-existing block, the alloc at its free
+    assert_eq!(r.partner[0] & PREEXISTING, PREEXISTING);
+    assert_eq!(r.partner[2], 3);
+    assert_eq!(r.partner[3], 2);
+    let freed: Vec<u32> = r.preexisting.iter().map(|p| p.freed_at).collect();
+    assert!(freed.contains(&0) && freed.contains(&NONE));
+}
+
+#[test]
+fn pending_frees_count_as_active_not_allocated() {
+    let base = 1 << 40;
+    let s = snap(
+        vec![segment(
+            base,
+            2 * MB,
+            vec![
+                (base, 512, ActivePendingFree),
+                (base + 512, 2 * MB - 512, Inactive),
+            ],
+        )],
+        vec![
+            ev(SegmentAlloc, base, 2 * MB),
+            ev(Alloc, base, 100),
+            ev(FreeRequested, base, 100),
+        ],
+    );
+    let r = replay(&s, 0, SizeModel::Allocator);
+    assert_eq!(r.end.allocated, 0);
+    assert_eq!(r.end.active, 512);
+    assert_eq!(r.peaks.requested.bytes, 100);
+    assert!(r.check.consistent, "{:?}", r.check);
+}
+
+#[test]
+fn segment_free_and_oom() {
+    let base = 1 << 40;
+    let s = snap(
+        vec![],
+        vec![
+            ev(SegmentAlloc, base, 20 * MB),
+            ev(Alloc, base, 2 * MB),
+            ev(FreeRequested, base, 2 * MB),
+            ev(FreeCompleted, base, 2 * MB),
+            ev(SegmentFree, base, 20 * MB),
+            ev(Oom, 123, 40 * MB),
+        ],
+    );
+    let r = replay(&s, 0, SizeModel::Allocator);
+    let reserved: Vec<u64> = (0..6).map(|i| r.reserved_at(Some(i))).collect();
+    assert_eq!(reserved, vec![20 * MB, 20 * MB, 20 * MB, 20 * MB, 0, 0]);
+    assert_eq!(r.reserved_changes, vec![(0, 20 * MB), (4, 0)]);
+    assert_eq!(r.reserved_at(None), 0);
+    assert_eq!(r.ooms.len(), 1);
+    assert_eq!(r.ooms[0].requested, 40 * MB);
+    assert_eq!(r.ooms[0].device_free, 123);
+    assert!(r.check.consistent, "{:?}", r.check);
+}
+
+#[test]
+fn expandable_segment_grows_and_shrinks() {
+    let base = 1 << 40;
+    let mut seg = segment(
+        base,
+        40 * MB,
+        vec![
+            (base, 30 * MB, ActiveAllocated),
+            (base + 30 * MB, 10 * MB, Inactive),
+        ],
+    );
+    seg.is_expandable = true;
+    let mut s = snap(
+        vec![seg],
+        vec![
+            ev(SegmentMap, base, 40 * MB),
+            ev(Alloc, base, 30 * MB),
+            ev(SegmentMap, base + 40 * MB, 60 * MB),
+            ev(Alloc, base + 30 * MB, 60 * MB),
+            ev(FreeRequested, base + 30 * MB, 60 * MB),
+            ev(FreeCompleted, base + 30 * MB, 60 * MB),
+            ev(SegmentUnmap, base + 40 * MB, 60 * MB),
+        ],
+    );
+    s.settings = Some(AllocatorSettings {
+        expandable_segments: true,
+        ..AllocatorSettings::default()
+    });
+    let r = replay(&s, 0, SizeModel::Allocator);
+    assert_eq!(r.peaks.reserved.bytes, 100 * MB);
+    assert_eq!(r.peaks.allocated.bytes, 90 * MB);
+    assert_eq!(r.end.reserved, 40 * MB);
+    assert!(r.check.consistent, "{:?}", r.check);
+}

@@ -1,0 +1,31 @@
+//! The `--json` output of `memsnap report`.
+//!
+//! # Wire format
+//!
+//! One JSON object per file, one per line:
+//!
+//! - `file`: the path given.
+//! - `source`: `protocol`, `compression` (`none`/`gzip`/`xz`/`zstd`), `file_bytes`,
+//!   `pickle_bytes`, `segments_only`, `unknown_actions`.
+//! - `devices`: one object per device with events, each with the fields of
+//!   [`super::DeviceReport`]: `device`, `events`, `duration_us`, `stacks`
+//!   (`none`/`python`/`python_and_cpp`/`cpp`), `trace_complete`, `frees_without_alloc`,
+//!   `trace_wrapped`, `replay_consistent`, `size_model` (`allocator`/`rounded`), `start_*_bytes`,
+//!   `peak_*_bytes`, `peak_event_index` (`null` when the peak is before the first event),
+//!   `peak_time_offset_us`, `reserved_at_peak_bytes`, `end_*_bytes`,
+//!   `fragmentation_at_peak_bytes`, `fragmentation_at_end_bytes`, `largest_free_block_bytes`,
+//!   `ooms` (`event`, `requested`, `device_free`, `allocated`, `reserved`) and `check`
+//!   (`consistent`, `replayed_allocated`, `snapshot_allocated`, `replayed_reserved`,
+//!   `snapshot_reserved`, `block_mismatches`, `anomalies`, `examples`).
+//!
+//! All sizes are bytes, all times microseconds. Fields are only ever added.
+
+use std::io::{self, Write};
+
+use super::FileReport;
+
+/// Writes one report as a single JSON line.
+pub fn write(out: &mut dyn Write, report: &FileReport) -> io::Result<()> {
+    serde_json::to_writer(&mut *out, report)?;
+    writeln!(out)
+}

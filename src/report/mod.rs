@@ -1,0 +1,199 @@
+//! Report: what `memsnap report` says about a snapshot, computed once as plain data.
+//!
+//! [`FileReport`] and [`DeviceReport`] hold every figure the report shows; [`text`] renders
+//! them as aligned tables for people and [`json`] as one JSON object per file for machines.
+//! Nothing here reads the terminal or formats numbers outside [`crate::units`].
+
+pub mod json;
+pub mod text;
+
+use serde::Serialize;
+
+use crate::replay::{self, EndCheck, Oom, Replay, SizeModel};
+use crate::snapshot::{BlockState, Snapshot, SourceInfo};
+
+/// Which stacks the recording kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StackKind {
+    /// No event has frames (`context=None`, or `enabled="state"`).
+    None,
+    /// Python frames only (`stacks="python"`).
+    Python,
+    /// Python and C++ frames (`stacks="all"`, the default).
+    PythonAndCpp,
+    /// C++ frames only.
+    Cpp,
+}
+
+impl StackKind {
+    /// Words for the text report.
+    pub fn describe(self) -> &'static str {
+        match self {
+            StackKind::None => "none",
+            StackKind::Python => "Python",
+            StackKind::PythonAndCpp => "Python + C++",
+            StackKind::Cpp => "C++",
+        }
+    }
+}
+
+/// Everything the report says about one device.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceReport {
+    /// Device ordinal (a pipeline rank records on its own GPU: rank 1 is device 1).
+    pub device: u32,
+    /// Trace events recorded.
+    pub events: usize,
+    /// Time from the first to the last event, in microseconds.
+    pub duration_us: i64,
+    /// Which stacks were recorded.
+    pub stacks: StackKind,
+    /// Every free in the trace has its allocation in the trace.
+    pub trace_complete: bool,
+    /// Frees of blocks allocated before the first recorded event.
+    pub frees_without_alloc: u64,
+    /// The history ring buffer most likely dropped its oldest events.
+    pub trace_wrapped: bool,
+    /// The replay ended exactly at the snapshot's blocks and segments.
+    pub replay_consistent: bool,
+    /// How bytes are counted.
+    pub size_model: SizeModel,
+    /// Allocated bytes before the first event.
+    pub start_allocated_bytes: u64,
+    /// Requested bytes before the first event.
+    pub start_requested_bytes: u64,
+    /// Reserved bytes before the first event.
+    pub start_reserved_bytes: u64,
+    /// Highest allocated bytes.
+    pub peak_allocated_bytes: u64,
+    /// Highest requested bytes.
+    pub peak_requested_bytes: u64,
+    /// Highest active bytes (allocated + pending frees).
+    pub peak_active_bytes: u64,
+    /// Highest reserved bytes.
+    pub peak_reserved_bytes: u64,
+    /// Event after which allocated bytes first reached their peak (`null`: before the trace).
+    pub peak_event_index: Option<usize>,
+    /// Microseconds from the first event to the allocated peak.
+    pub peak_time_offset_us: i64,
+    /// Reserved bytes at the allocated peak.
+    pub reserved_at_peak_bytes: u64,
+    /// Allocated bytes after the last event.
+    pub end_allocated_bytes: u64,
+    /// Requested bytes after the last event.
+    pub end_requested_bytes: u64,
+    /// Reserved bytes after the last event.
+    pub end_reserved_bytes: u64,
+    /// Reserved minus allocated at the allocated peak.
+    pub fragmentation_at_peak_bytes: u64,
+    /// Reserved minus allocated at the end.
+    pub fragmentation_at_end_bytes: u64,
+    /// Largest cached free block at snapshot time.
+    pub largest_free_block_bytes: u64,
+    /// Failed allocations.
+    pub ooms: Vec<Oom>,
+    /// Details of the end-of-replay check.
+    pub check: EndCheck,
+}
+
+/// Everything the report says about one file.
+#[derive(Clone, Debug, Serialize)]
+pub struct FileReport {
+    /// The file as given on the command line.
+    pub file: String,
+    /// Encoding details.
+    pub source: SourceInfo,
+    /// Devices with trace events, or with segments when no device has events.
+    pub devices: Vec<DeviceReport>,
+}
+
+/// Which stacks a device's events carry.
+pub fn stack_kind(snap: &Snapshot, device: u32) -> StackKind {
+    let mut python = false;
+    let mut cpp = false;
+    for e in snap.trace(device) {
+        for &f in snap.stacks.stack(e.stack) {
+            let frame = snap.stacks.frame(f);
+            if frame.line > 0 {
+                python = true;
+            } else {
+                cpp = true;
+            }
+        }
+        if python && cpp {
+            break;
+        }
+    }
+    match (python, cpp) {
+        (false, false) => StackKind::None,
+        (true, false) => StackKind::Python,
+        (true, true) => StackKind::PythonAndCpp,
+        (false, true) => StackKind::Cpp,
+    }
+}
+
+fn largest_free_block(snap: &Snapshot, device: u32) -> u64 {
+    snap.segments_of(device)
+        .flat_map(|s| s.blocks.iter())
+        .filter(|b| b.state == BlockState::Inactive)
+        .map(|b| b.size)
+        .max()
+        .unwrap_or(0)
+}
+
+impl DeviceReport {
+    /// Summarises a replayed device.
+    pub fn new(snap: &Snapshot, r: &Replay) -> DeviceReport {
+        let peak = r.peaks.allocated;
+        let reserved_at_peak = r.reserved_at(peak.event);
+        DeviceReport {
+            device: r.device,
+            events: r.len(),
+            duration_us: r.time_span_us.1 - r.time_span_us.0,
+            stacks: stack_kind(snap, r.device),
+            trace_complete: r.history.complete,
+            frees_without_alloc: r.history.frees_without_alloc,
+            trace_wrapped: r.history.wrapped,
+            replay_consistent: r.check.consistent,
+            size_model: r.model,
+            start_allocated_bytes: r.start.allocated,
+            start_requested_bytes: r.start.requested,
+            start_reserved_bytes: r.start.reserved,
+            peak_allocated_bytes: peak.bytes,
+            peak_requested_bytes: r.peaks.requested.bytes,
+            peak_active_bytes: r.peaks.active.bytes,
+            peak_reserved_bytes: r.peaks.reserved.bytes,
+            peak_event_index: peak.event,
+            peak_time_offset_us: peak.time_offset_us,
+            reserved_at_peak_bytes: reserved_at_peak,
+            end_allocated_bytes: r.end.allocated,
+            end_requested_bytes: r.end.requested,
+            end_reserved_bytes: r.end.reserved,
+            fragmentation_at_peak_bytes: reserved_at_peak.saturating_sub(peak.bytes),
+            fragmentation_at_end_bytes: r.end.reserved.saturating_sub(r.end.allocated),
+            largest_free_block_bytes: largest_free_block(snap, r.device),
+            ooms: r.ooms.clone(),
+            check: r.check.clone(),
+        }
+    }
+}
+
+impl FileReport {
+    /// Replays and summarises every device of a snapshot.
+    pub fn new(file: &str, snap: &Snapshot, model: SizeModel) -> FileReport {
+        let mut devices: Vec<u32> = snap.devices_with_events().collect();
+        if devices.is_empty() {
+            devices = snap.devices();
+        }
+        let devices = devices
+            .into_iter()
+            .map(|d| DeviceReport::new(snap, &replay::replay(snap, d, model)))
+            .collect();
+        FileReport {
+            file: file.to_string(),
+            source: snap.source.clone(),
+            devices,
+        }
+    }
+}

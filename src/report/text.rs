@@ -1,0 +1,156 @@
+//! The human report: short sentences and aligned tables with units.
+
+use std::io::{self, Write};
+
+use comfy_table::{CellAlignment, ContentArrangement, LineStyle, Table, TableStyle};
+
+use super::{DeviceReport, FileReport};
+use crate::units;
+
+const STYLE: TableStyle =
+    TableStyle::new().header_separator(LineStyle::none().fill('─').junction('─'));
+
+/// A table in memsnap's style: a header rule, right-aligned figures.
+pub fn table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_style(STYLE)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(header.to_vec());
+    for i in 1..header.len() {
+        if let Some(c) = t.column_mut(i) {
+            c.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    t
+}
+
+/// Indents every line of a rendered table.
+pub fn indented(t: &Table, by: &str) -> String {
+    t.to_string()
+        .lines()
+        .map(|l| format!("{by}{}", l.trim_end()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Writes the report of one file.
+pub fn write(out: &mut dyn Write, report: &FileReport) -> io::Result<()> {
+    if report.devices.is_empty() {
+        writeln!(out, "{}: no devices with events or segments", report.file)?;
+    }
+    for d in &report.devices {
+        write_device(out, &report.file, d)?;
+    }
+    Ok(())
+}
+
+fn status_line(d: &DeviceReport) -> String {
+    let mut parts = vec![format!(
+        "{} events over {}",
+        units::count(d.events as u64),
+        units::duration_us(d.duration_us)
+    )];
+    parts.push(format!("stacks: {}", d.stacks.describe()));
+    parts.push(if d.events == 0 {
+        "no trace recorded (history off?)".to_string()
+    } else if d.trace_complete {
+        "trace complete".to_string()
+    } else if d.trace_wrapped {
+        format!(
+            "ring buffer wrapped: the trace lost its beginning ({} frees of earlier allocations)",
+            units::count(d.frees_without_alloc)
+        )
+    } else {
+        format!(
+            "{} frees of blocks allocated before recording started",
+            units::count(d.frees_without_alloc)
+        )
+    });
+    parts.push(if d.replay_consistent {
+        "replay matches the snapshot exactly".to_string()
+    } else {
+        format!(
+            "replay differs from the snapshot ({} blocks)",
+            units::count(d.check.block_mismatches)
+        )
+    });
+    parts.join(" · ")
+}
+
+fn write_device(out: &mut dyn Write, file: &str, d: &DeviceReport) -> io::Result<()> {
+    writeln!(out, "{file} · device {}", d.device)?;
+    writeln!(out, "  {}", status_line(d))?;
+    writeln!(out)?;
+    let mut t = table(&["", "allocated", "requested", "reserved"]);
+    t.add_row(vec![
+        "trace start".to_string(),
+        units::bytes(d.start_allocated_bytes),
+        units::bytes(d.start_requested_bytes),
+        units::bytes(d.start_reserved_bytes),
+    ]);
+    t.add_row(vec![
+        "peak".to_string(),
+        units::bytes(d.peak_allocated_bytes),
+        units::bytes(d.peak_requested_bytes),
+        units::bytes(d.peak_reserved_bytes),
+    ]);
+    t.add_row(vec![
+        "end".to_string(),
+        units::bytes(d.end_allocated_bytes),
+        units::bytes(d.end_requested_bytes),
+        units::bytes(d.end_reserved_bytes),
+    ]);
+    writeln!(out, "{}", indented(&t, "  "))?;
+    writeln!(out)?;
+    match d.peak_event_index {
+        Some(i) => writeln!(
+            out,
+            "  peak allocated after event {} ({} into the trace); reserved then {}",
+            units::count(i as u64),
+            units::duration_us(d.peak_time_offset_us),
+            units::bytes(d.reserved_at_peak_bytes)
+        )?,
+        None => writeln!(out, "  peak allocated before the first recorded event")?,
+    }
+    writeln!(
+        out,
+        "  fragmentation (reserved - allocated): {} at the peak, {} at the end; largest free block {}",
+        units::bytes(d.fragmentation_at_peak_bytes),
+        units::bytes(d.fragmentation_at_end_bytes),
+        units::bytes(d.largest_free_block_bytes)
+    )?;
+    for oom in &d.ooms {
+        writeln!(
+            out,
+            "  OUT OF MEMORY at event {}: {} requested with {} allocated, {} reserved",
+            units::count(oom.event as u64),
+            units::bytes(oom.requested),
+            units::bytes(oom.allocated),
+            units::bytes(oom.reserved),
+        )?;
+        let cause = if oom.device_free >= oom.requested {
+            "so a per-process limit refused it (torch.cuda.set_per_process_memory_fraction?)"
+        } else {
+            "so the device itself was full"
+        };
+        writeln!(
+            out,
+            "    the device had {} free, {cause}",
+            units::bytes(oom.device_free)
+        )?;
+    }
+    if !d.replay_consistent {
+        writeln!(
+            out,
+            "  replay check: allocated {} vs snapshot {}, reserved {} vs {}",
+            units::bytes(d.check.replayed_allocated),
+            units::bytes(d.check.snapshot_allocated),
+            units::bytes(d.check.replayed_reserved),
+            units::bytes(d.check.snapshot_reserved)
+        )?;
+        for e in &d.check.examples {
+            writeln!(out, "    {e}")?;
+        }
+    }
+    writeln!(out)
+}

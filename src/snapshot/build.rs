@@ -1,0 +1,759 @@
+//! Building a [`Snapshot`] from pickle values, mostly while the pickle is still being decoded.
+//!
+//! [`EntryCompactor`] is the [`Adopter`] plugged into the VM: a frame dict becomes a
+//! [`FrameId`] as soon as it is stored in its list, a frame list a [`StackId`], and a trace
+//! entry dict a [`TraceEvent`] row, each freeing the container it replaces. What is left (the
+//! top-level dict, segments and blocks, settings) is small and is read by [`from_pickle`].
+//!
+//! Every conversion is checked: a wrong type names the field, a trace entry referenced from two
+//! places (which PyTorch never writes, and a memo bomb would) is refused.
+
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::*;
+use crate::pickle::{self, Adopter, Decoded, Heap, Limits, Ref, Value};
+use crate::{Error, ErrorKind};
+
+const FRAME: u8 = 1;
+const STACK: u8 = 2;
+const EVENT: u8 = 3;
+
+/// Options for [`load`].
+#[derive(Clone, Default)]
+pub struct LoadOptions {
+    /// Decoder limits.
+    pub limits: Limits,
+    /// Told `(raw bytes read so far, file size)` as the file is read, e.g. for a progress bar.
+    pub on_progress: Option<Arc<dyn Fn(u64, u64) + Send + Sync>>,
+}
+
+/// The keys the builder looks for. They are interned first, in this order, into a fresh
+/// heap, so key `i` has `StrId(i)` and a field is found with one `match` on the id.
+const KEYS: [&str; 14] = [
+    "",
+    "action",
+    "addr",
+    "size",
+    "stream",
+    "time_us",
+    "frames",
+    "compile_context",
+    "user_metadata",
+    "device_free",
+    "forward_frames",
+    "name",
+    "filename",
+    "line",
+];
+const K_EMPTY: u32 = 0;
+const K_ACTION: u32 = 1;
+const K_ADDR: u32 = 2;
+const K_SIZE: u32 = 3;
+const K_STREAM: u32 = 4;
+const K_TIME_US: u32 = 5;
+const K_FRAMES: u32 = 6;
+const K_COMPILE_CONTEXT: u32 = 7;
+const K_USER_METADATA: u32 = 8;
+const K_DEVICE_FREE: u32 = 9;
+const K_FORWARD_FRAMES: u32 = 10;
+const K_NAME: u32 = 11;
+const K_FILENAME: u32 = 12;
+const K_LINE: u32 = 13;
+
+/// The VM hook that turns frames, stacks and trace entries into rows as they complete.
+pub(crate) struct EntryCompactor {
+    stacks: Stacks,
+    events: Vec<TraceEvent>,
+    forward_frames: Vec<Vec<StrId>>,
+    actions: Vec<(StrId, Action)>,
+    unknown_actions: u64,
+    scratch: Vec<FrameId>,
+}
+
+impl EntryCompactor {
+    pub(crate) fn new() -> Self {
+        EntryCompactor {
+            stacks: Stacks::default(),
+            events: Vec::new(),
+            forward_frames: Vec::new(),
+            actions: Vec::new(),
+            unknown_actions: 0,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// A frame id for a frame dict (or an already compacted frame).
+    fn frame_of(&mut self, heap: &Heap, v: Value) -> Option<FrameId> {
+        let v = heap.forwarded(v).unwrap_or(v);
+        match v {
+            Value::Handle(FRAME, id) => Some(FrameId(id)),
+            Value::Dict(d) => {
+                let (mut name, mut filename, mut line) = (None, None, 0u32);
+                for &(key, val) in heap.dict(d) {
+                    let Value::Str(key) = key else { continue };
+                    match key.0 {
+                        K_NAME => name = str_id(val),
+                        K_FILENAME => filename = str_id(val),
+                        K_LINE => {
+                            line = heap
+                                .int(val)
+                                .and_then(|l| u32::try_from(l).ok())
+                                .unwrap_or(0)
+                        }
+                        _ => {}
+                    }
+                }
+                let frame = Frame {
+                    name: name?,
+                    filename: filename.unwrap_or(StrId(K_EMPTY)),
+                    line,
+                };
+                Some(self.stacks.intern_frame(frame))
+            }
+            _ => None,
+        }
+    }
+
+    /// A stack id for a list of frames, or `None` if an item is not a frame.
+    fn stack_of(&mut self, heap: &Heap, v: Value) -> Option<StackId> {
+        let v = heap.forwarded(v).unwrap_or(v);
+        match v {
+            Value::Handle(STACK, id) => Some(StackId(id)),
+            Value::List(l) => {
+                let mut scratch = std::mem::take(&mut self.scratch);
+                scratch.clear();
+                let mut ok = true;
+                for &item in heap.list(l) {
+                    match self.frame_of(heap, item) {
+                        Some(f) => scratch.push(f),
+                        None => {
+                            ok = false;
+                            break;
+                        }
+                    }
+                }
+                let id = ok.then(|| self.stacks.intern_stack(&scratch));
+                self.scratch = scratch;
+                id
+            }
+            _ => None,
+        }
+    }
+
+    fn action_of(&mut self, heap: &Heap, v: Value) -> Action {
+        let Value::Str(id) = v else {
+            return Action::Unknown;
+        };
+        if let Some(&(_, a)) = self.actions.iter().find(|(s, _)| *s == id) {
+            return a;
+        }
+        let a = Action::parse(heap.str(id));
+        self.actions.push((id, a));
+        a
+    }
+
+    /// Converts a trace entry dict into a row.
+    fn event_of(&mut self, heap: &Heap, d: Ref) -> Result<TraceEvent, String> {
+        let empty = StrId(K_EMPTY);
+        let mut ev = TraceEvent {
+            addr: 0,
+            size: 0,
+            time_us: 0,
+            stream: 0,
+            stack: StackId::EMPTY,
+            compile_context: empty,
+            user_metadata: empty,
+            forward_frames: 0,
+            action: Action::Unknown,
+        };
+        for &(key, val) in heap.dict(d) {
+            let Value::Str(key) = key else { continue };
+            match key.0 {
+                K_ACTION => ev.action = self.action_of(heap, val),
+                K_ADDR | K_DEVICE_FREE => ev.addr = unsigned(heap, val, "trace entry addr")?,
+                K_SIZE => ev.size = unsigned(heap, val, "trace entry size")?,
+                K_STREAM => ev.stream = signed(heap, val, "trace entry stream")?,
+                K_TIME_US => ev.time_us = signed(heap, val, "trace entry time_us")?,
+                K_FRAMES => ev.stack = self.stack_of(heap, val).unwrap_or(StackId::EMPTY),
+                K_COMPILE_CONTEXT => ev.compile_context = str_id(val).unwrap_or(empty),
+                K_USER_METADATA => ev.user_metadata = str_id(val).unwrap_or(empty),
+                K_FORWARD_FRAMES => {
+                    if let Value::List(l) = val {
+                        let lines: Vec<StrId> =
+                            heap.list(l).iter().filter_map(|&v| str_id(v)).collect();
+                        if !lines.is_empty() {
+                            self.forward_frames.push(lines);
+                            ev.forward_frames = self.forward_frames.len() as u32;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if ev.action == Action::Unknown {
+            self.unknown_actions += 1;
+        }
+        Ok(ev)
+    }
+}
+
+impl Adopter for EntryCompactor {
+    fn prepare(&mut self, heap: &mut Heap, limits: &Limits) {
+        for (i, key) in KEYS.iter().enumerate() {
+            let id = heap.intern(key);
+            debug_assert_eq!(id, StrId(i as u32), "keys go first into a fresh heap");
+        }
+        // A trace entry takes at least ~40 pickle bytes; reserving is free until written.
+        self.events
+            .reserve((limits.size_hint / 40).min(1 << 26) as usize);
+    }
+
+    fn adopt(
+        &mut self,
+        heap: &mut Heap,
+        key: Option<Value>,
+        value: Value,
+    ) -> Result<Value, String> {
+        match value {
+            Value::Dict(d) => {
+                let (mut action, mut name, mut filename) = (false, false, false);
+                for &(key, _) in heap.dict(d) {
+                    if let Value::Str(s) = key {
+                        action |= s.0 == K_ACTION;
+                        name |= s.0 == K_NAME;
+                        filename |= s.0 == K_FILENAME;
+                    }
+                }
+                if action {
+                    let ev = self.event_of(heap, d)?;
+                    let handle = Value::Handle(EVENT, self.events.len() as u32);
+                    self.events.push(ev);
+                    heap.replace_dict(d, handle);
+                    Ok(handle)
+                } else if name && filename {
+                    match self.frame_of(heap, value) {
+                        Some(f) => {
+                            let handle = Value::Handle(FRAME, f.0);
+                            heap.replace_dict(d, handle);
+                            Ok(handle)
+                        }
+                        None => Ok(value),
+                    }
+                } else {
+                    Ok(value)
+                }
+            }
+            Value::List(l) if key == Some(Value::Str(StrId(K_FRAMES))) => {
+                match self.stack_of(heap, value) {
+                    Some(s) => {
+                        let handle = Value::Handle(STACK, s.0);
+                        heap.replace_list(l, handle);
+                        Ok(handle)
+                    }
+                    None => Ok(value),
+                }
+            }
+            _ => Ok(value),
+        }
+    }
+}
+
+fn str_id(v: Value) -> Option<StrId> {
+    match v {
+        Value::Str(s) => Some(s),
+        _ => None,
+    }
+}
+
+fn describe(v: Value) -> &'static str {
+    match v {
+        Value::None => "None",
+        Value::Bool(_) => "a bool",
+        Value::Int(_) | Value::BigInt(_) => "an int",
+        Value::Float(_) => "a float",
+        Value::Str(_) => "a str",
+        Value::Bytes(_) => "bytes",
+        Value::List(_) => "a list",
+        Value::Tuple(_) => "a tuple",
+        Value::Dict(_) => "a dict",
+        Value::Handle(FRAME, _) => "a frame",
+        Value::Handle(STACK, _) => "a frame list",
+        Value::Handle(EVENT, _) => "a trace entry",
+        Value::Handle(..) => "a compacted object",
+    }
+}
+
+#[inline]
+fn unsigned(heap: &Heap, v: Value, what: &str) -> Result<u64, String> {
+    if let Value::Int(i) = v {
+        if i >= 0 {
+            return Ok(i as u64);
+        }
+    }
+    unsigned_slow(heap, v, what)
+}
+
+#[cold]
+fn unsigned_slow(heap: &Heap, v: Value, what: &str) -> Result<u64, String> {
+    match heap.int(v) {
+        Some(i) => u64::try_from(i).map_err(|_| format!("{what} is {i}, not a 64-bit size")),
+        None => Err(format!("{what} is {}, expected an int", describe(v))),
+    }
+}
+
+#[inline]
+fn signed(heap: &Heap, v: Value, what: &str) -> Result<i64, String> {
+    if let Value::Int(i) = v {
+        return Ok(i);
+    }
+    signed_slow(heap, v, what)
+}
+
+#[cold]
+fn signed_slow(heap: &Heap, v: Value, what: &str) -> Result<i64, String> {
+    match heap.int(v) {
+        Some(i) => i64::try_from(i)
+            .or_else(|_| u64::try_from(i).map(|u| u as i64))
+            .map_err(|_| format!("{what} is {i}, out of 64-bit range")),
+        None => Err(format!("{what} is {}, expected an int", describe(v))),
+    }
+}
+
+/// Reads the small remainder of the value tree (segments, settings, annotations) into a
+/// [`Snapshot`], taking the trace rows the compactor made.
+struct Reader<'a> {
+    heap: &'a Heap,
+    compactor: &'a mut EntryCompactor,
+}
+
+impl Reader<'_> {
+    fn key(&self, d: Ref, name: &str) -> Option<Value> {
+        self.heap
+            .lookup(name)
+            .and_then(|k| self.heap.dict_get(d, k))
+    }
+
+    fn int_field(&self, d: Ref, name: &str, ctx: &str) -> Result<Option<i128>, String> {
+        match self.key(d, name) {
+            None | Some(Value::None) => Ok(None),
+            Some(v) => self
+                .heap
+                .int(v)
+                .map(Some)
+                .ok_or_else(|| format!("{ctx}.{name} is {}, expected an int", describe(v))),
+        }
+    }
+
+    fn u64_field(&self, d: Ref, name: &str, ctx: &str) -> Result<Option<u64>, String> {
+        self.int_field(d, name, ctx)?
+            .map(|i| u64::try_from(i).map_err(|_| format!("{ctx}.{name} is {i}, not a size")))
+            .transpose()
+    }
+
+    fn list_items(&self, v: Value, ctx: &str) -> Result<&[Value], String> {
+        match v {
+            Value::List(l) | Value::Tuple(l) => Ok(self.heap.list(l)),
+            other => Err(format!("{ctx} is {}, expected a list", describe(other))),
+        }
+    }
+
+    fn dict_id(&self, v: Value, ctx: &str) -> Result<Ref, String> {
+        match v {
+            Value::Dict(d) => Ok(d),
+            other => Err(format!("{ctx} is {}, expected a dict", describe(other))),
+        }
+    }
+
+    fn stack_field(&mut self, d: Ref) -> StackId {
+        match self.key(d, "frames") {
+            Some(v) => self.compactor.stack_of(self.heap, v).unwrap_or_default(),
+            None => StackId::EMPTY,
+        }
+    }
+
+    fn segment(&mut self, v: Value, i: usize) -> Result<Segment, String> {
+        let ctx = format!("segments[{i}]");
+        let d = self.dict_id(v, &ctx)?;
+        let address = self.u64_field(d, "address", &ctx)?.unwrap_or(0);
+        let total_size = self.u64_field(d, "total_size", &ctx)?.unwrap_or(0);
+        let segment_type = match self.key(d, "segment_type").and_then(|v| self.heap.text(v)) {
+            Some("small") => SegmentType::Small,
+            Some(_) => SegmentType::Large,
+            None if total_size == 2 << 20 => SegmentType::Small,
+            None => SegmentType::Large,
+        };
+        let pool_id = match self.key(d, "segment_pool_id") {
+            Some(Value::Tuple(t)) | Some(Value::List(t)) => {
+                let items = self.heap.list(t);
+                let get = |k: usize| {
+                    items
+                        .get(k)
+                        .and_then(|&v| self.heap.int(v))
+                        .and_then(|i| i64::try_from(i).ok())
+                        .unwrap_or(0)
+                };
+                (get(0), get(1))
+            }
+            _ => (0, 0),
+        };
+        let is_expandable = matches!(self.key(d, "is_expandable"), Some(Value::Bool(true)));
+        let stack = self.stack_field(d);
+        let mut blocks = Vec::new();
+        if let Some(bv) = self.key(d, "blocks") {
+            let items = self.list_items(bv, &format!("{ctx}.blocks"))?.to_vec();
+            let mut cursor = address;
+            for (j, b) in items.into_iter().enumerate() {
+                let block = self.block(b, &format!("{ctx}.blocks[{j}]"), cursor)?;
+                cursor = block.address.saturating_add(block.size);
+                blocks.push(block);
+            }
+        }
+        Ok(Segment {
+            device: self
+                .int_field(d, "device", &ctx)?
+                .and_then(|i| u32::try_from(i).ok())
+                .unwrap_or(0),
+            address,
+            total_size,
+            stream: self
+                .int_field(d, "stream", &ctx)?
+                .map(|i| i as i64)
+                .unwrap_or(0),
+            segment_type,
+            pool_id,
+            is_expandable,
+            stack,
+            blocks,
+        })
+    }
+
+    fn block(&mut self, v: Value, ctx: &str, cursor: u64) -> Result<Block, String> {
+        let d = self.dict_id(v, ctx)?;
+        let size = self.u64_field(d, "size", ctx)?.unwrap_or(0);
+        let state = match self.key(d, "state").and_then(|v| self.heap.text(v)) {
+            Some("active_allocated") => BlockState::ActiveAllocated,
+            Some("active_pending_free") | Some("active_awaiting_free") => {
+                BlockState::ActivePendingFree
+            }
+            _ => BlockState::Inactive,
+        };
+        let mut stack = self.stack_field(d);
+        let mut requested = self.u64_field(d, "requested_size", ctx)?;
+        // torch 2.0: the allocation stack and request live in history[0].
+        if let Some(Value::List(h)) = self.key(d, "history") {
+            if let Some(&Value::Dict(first)) = self.heap.list(h).first() {
+                if stack == StackId::EMPTY {
+                    stack = self.stack_field(first);
+                }
+                if requested.is_none() {
+                    requested = self.u64_field(first, "real_size", ctx)?;
+                }
+            }
+        }
+        Ok(Block {
+            address: self.u64_field(d, "address", ctx)?.unwrap_or(cursor),
+            size,
+            requested_size: requested.unwrap_or(size),
+            state,
+            stack,
+        })
+    }
+
+    fn annotation(&self, v: Value, i: usize) -> Result<Annotation, String> {
+        let ctx = format!("external_annotations[{i}]");
+        let d = self.dict_id(v, &ctx)?;
+        let stage = match self.key(d, "stage").and_then(|v| self.heap.text(v)) {
+            Some("END") => Stage::End,
+            _ => Stage::Start,
+        };
+        Ok(Annotation {
+            stage,
+            name: self.key(d, "name").and_then(str_id).unwrap_or_default(),
+            device: self
+                .int_field(d, "device", &ctx)?
+                .map(|i| i as i64)
+                .unwrap_or(0),
+            time_us: self
+                .int_field(d, "time_us", &ctx)?
+                .map(|i| i as i64)
+                .unwrap_or(0),
+        })
+    }
+
+    fn settings(&self, v: Value) -> Result<AllocatorSettings, String> {
+        let d = self.dict_id(v, "allocator_settings")?;
+        let mut s = AllocatorSettings::default();
+        for &(k, val) in self.heap.dict(d) {
+            let Some(key) = self.heap.text(k) else {
+                continue;
+            };
+            s.entries.push((key.to_string(), self.heap.render(val, 2)));
+            match key {
+                "PYTORCH_CUDA_ALLOC_CONF" => {
+                    s.alloc_conf = self.heap.text(val).unwrap_or("").to_string()
+                }
+                "max_split_size" => {
+                    s.max_split_size = self
+                        .heap
+                        .int(val)
+                        .filter(|&i| i > 0 && i < u64::MAX as i128)
+                        .map(|i| i as u64)
+                }
+                "expandable_segments" => s.expandable_segments = val == Value::Bool(true),
+                "trace_alloc_overflowed" => {
+                    s.trace_overflowed = match val {
+                        Value::Bool(b) => Some(b),
+                        _ => None,
+                    }
+                }
+                "roundup_power2_divisions" => s.roundup_power2_divisions = self.divisions(val),
+                _ => {}
+            }
+        }
+        Ok(s)
+    }
+
+    /// `roundup_power2_divisions`: a dict keyed by interval start in MiB ("1", "2", ...
+    /// "32768"), or a plain list in interval order.
+    fn divisions(&self, v: Value) -> [u64; 16] {
+        let mut out = [0u64; 16];
+        match v {
+            Value::Dict(d) => {
+                for &(k, val) in self.heap.dict(d) {
+                    let mb = self
+                        .heap
+                        .text(k)
+                        .and_then(|t| t.parse::<u64>().ok())
+                        .or_else(|| self.heap.int(k).and_then(|i| u64::try_from(i).ok()));
+                    if let (Some(mb), Some(n)) = (mb, self.heap.int(val)) {
+                        if mb.is_power_of_two() && mb.trailing_zeros() < 16 {
+                            out[mb.trailing_zeros() as usize] = n.max(0) as u64;
+                        }
+                    }
+                }
+            }
+            Value::List(l) => {
+                for (i, &val) in self.heap.list(l).iter().take(16).enumerate() {
+                    out[i] = self.heap.int(val).unwrap_or(0).max(0) as u64;
+                }
+            }
+            _ => {}
+        }
+        out
+    }
+}
+
+/// Moves each device's rows out of the compactor's table, refusing shared entries.
+fn take_traces(
+    heap: &Heap,
+    compactor: &mut EntryCompactor,
+    lists: &[Value],
+) -> Result<Vec<Vec<TraceEvent>>, String> {
+    let mut ids: Vec<Vec<u32>> = Vec::with_capacity(lists.len());
+    for (dev, &list) in lists.iter().enumerate() {
+        let items = match list {
+            Value::List(l) | Value::Tuple(l) => heap.list(l),
+            other => {
+                return Err(format!(
+                    "device_traces[{dev}] is {}, expected a list",
+                    describe(other)
+                ))
+            }
+        };
+        let mut rows = Vec::with_capacity(items.len());
+        for (i, &item) in items.iter().enumerate() {
+            match heap.forwarded(item).unwrap_or(item) {
+                Value::Handle(EVENT, r) => rows.push(r),
+                Value::Dict(d) => {
+                    // A dict completed after it was stored (never from PyTorch): convert now.
+                    let ev = compactor.event_of(heap, d)?;
+                    compactor.events.push(ev);
+                    rows.push((compactor.events.len() - 1) as u32);
+                }
+                other => {
+                    return Err(format!(
+                        "device_traces[{dev}][{i}] is {}, expected a trace entry dict",
+                        describe(other)
+                    ))
+                }
+            }
+        }
+        ids.push(rows);
+    }
+    let mut taken = vec![false; compactor.events.len()];
+    for rows in &ids {
+        for &r in rows {
+            let slot = taken
+                .get_mut(r as usize)
+                .ok_or_else(|| "trace entry out of range".to_string())?;
+            if *slot {
+                return Err(
+                    "a trace entry appears twice in device_traces (not written by PyTorch)"
+                        .to_string(),
+                );
+            }
+            *slot = true;
+        }
+    }
+    drop(taken);
+    let contiguous = ids
+        .iter()
+        .all(|rows| rows.windows(2).all(|w| w[1] == w[0] + 1));
+    let events = std::mem::take(&mut compactor.events);
+    if contiguous {
+        // Usual case: each device's rows are one run of the table; split without copying.
+        let mut order: Vec<usize> = (0..ids.len()).filter(|&d| !ids[d].is_empty()).collect();
+        order.sort_by_key(|&d| std::cmp::Reverse(ids[d][0]));
+        let mut rest = events;
+        let mut out: Vec<Vec<TraceEvent>> = vec![Vec::new(); ids.len()];
+        for d in order {
+            let start = ids[d][0] as usize;
+            let mut tail = if start == 0 {
+                std::mem::take(&mut rest)
+            } else {
+                rest.split_off(start)
+            };
+            tail.truncate(ids[d].len());
+            tail.shrink_to_fit();
+            out[d] = tail;
+        }
+        Ok(out)
+    } else {
+        Ok(ids
+            .iter()
+            .map(|rows| rows.iter().map(|&r| events[r as usize]).collect())
+            .collect())
+    }
+}
+
+/// Builds a snapshot from a decoded pickle whose entries `compactor` has already compacted.
+pub(crate) fn assemble(
+    mut decoded: Decoded,
+    mut compactor: EntryCompactor,
+) -> Result<Snapshot, ErrorKind> {
+    let heap = &decoded.heap;
+    let mut snap = Snapshot::default();
+    let (segments, traces, settings, annotations, segments_only) = match decoded.root {
+        Value::Dict(d) => {
+            let get = |name: &str| heap.lookup(name).and_then(|k| heap.dict_get(d, k));
+            let segments = get("segments");
+            let traces = get("device_traces");
+            if segments.is_none() && traces.is_none() {
+                let keys: Vec<String> = heap
+                    .dict(d)
+                    .iter()
+                    .take(5)
+                    .map(|&(k, _)| heap.render(k, 0))
+                    .collect();
+                return Err(ErrorKind::NotASnapshot(format!(
+                    "a dict without 'segments' or 'device_traces' (keys: {})",
+                    keys.join(", ")
+                )));
+            }
+            (
+                segments,
+                traces,
+                get("allocator_settings"),
+                get("external_annotations"),
+                false,
+            )
+        }
+        Value::List(_) => (Some(decoded.root), None, None, None, true),
+        other => {
+            return Err(ErrorKind::NotASnapshot(format!(
+                "the pickle holds {}, not a dict with 'segments' and 'device_traces'",
+                describe(other)
+            )))
+        }
+    };
+    let invalid = ErrorKind::Invalid;
+    let mut reader = Reader {
+        heap,
+        compactor: &mut compactor,
+    };
+    if let Some(v) = segments {
+        let items = reader.list_items(v, "segments").map_err(invalid)?.to_vec();
+        if segments_only {
+            if let Some(&first) = items.first() {
+                if !matches!(first, Value::Dict(_)) {
+                    return Err(ErrorKind::NotASnapshot(format!(
+                        "a list of {}, not a list of segments",
+                        describe(first)
+                    )));
+                }
+            }
+        }
+        for (i, s) in items.into_iter().enumerate() {
+            let seg = reader.segment(s, i).map_err(invalid)?;
+            snap.segments.push(seg);
+        }
+    }
+    if let Some(v) = annotations {
+        let items = reader
+            .list_items(v, "external_annotations")
+            .map_err(invalid)?
+            .to_vec();
+        for (i, a) in items.into_iter().enumerate() {
+            snap.annotations
+                .push(reader.annotation(a, i).map_err(invalid)?);
+        }
+    }
+    if let Some(v) = settings {
+        if v != Value::None {
+            snap.settings = Some(reader.settings(v).map_err(invalid)?);
+        }
+    }
+    if let Some(v) = traces {
+        let lists = reader
+            .list_items(v, "device_traces")
+            .map_err(invalid)?
+            .to_vec();
+        snap.traces = take_traces(heap, &mut compactor, &lists).map_err(invalid)?;
+    }
+    snap.source.protocol = decoded.protocol;
+    snap.source.pickle_bytes = decoded.bytes_read;
+    snap.source.segments_only = segments_only;
+    snap.source.unknown_actions = compactor.unknown_actions;
+    snap.forward_frames = std::mem::take(&mut compactor.forward_frames);
+    snap.stacks = std::mem::take(&mut compactor.stacks);
+    snap.stacks.freeze();
+    snap.strings = decoded.heap.take_strings();
+    Ok(snap)
+}
+
+/// Decodes a snapshot from an uncompressed pickle stream.
+pub fn from_pickle<R: Read>(input: R, limits: Limits) -> Result<Snapshot, ErrorKind> {
+    let mut compactor = EntryCompactor::new();
+    let decoded = pickle::decode_with(input, limits, &mut compactor).map_err(ErrorKind::Decode)?;
+    assemble(decoded, compactor)
+}
+
+/// Reads a snapshot file: plain, gzip, xz or zstd pickle.
+pub fn load(path: &Path, options: &LoadOptions) -> Result<Snapshot, Error> {
+    let wrap = |kind| Error::new(path, kind);
+    let total = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let progress = options.on_progress.clone();
+    let mut read_so_far = 0u64;
+    let on_read: Box<dyn FnMut(u64) + Send> = Box::new(move |n| {
+        read_so_far += n;
+        if let Some(p) = &progress {
+            p(read_so_far, total);
+        }
+    });
+    let (reader, compression, file_bytes) =
+        pickle::source::open(path, on_read).map_err(|e| wrap(ErrorKind::Io(e)))?;
+    let mut limits = options.limits;
+    if limits.size_hint == 0 {
+        // Snapshots compress about 10-20x; a generous guess only reserves address space.
+        limits.size_hint = match compression {
+            pickle::Compression::None => file_bytes,
+            _ => file_bytes.saturating_mul(16),
+        };
+    }
+    let mut snap = from_pickle(reader, limits).map_err(wrap)?;
+    snap.source.compression = Some(compression);
+    snap.source.file_bytes = file_bytes;
+    Ok(snap)
+}

@@ -1,0 +1,293 @@
+//! Model: the snapshot as typed, interned, immutable tables.
+//!
+//! [`Snapshot`] holds what `torch.cuda.memory._snapshot()` recorded, for torch 2.0 through 2.11
+//! and newer: the allocator's segments and blocks at snapshot time, one trace of allocator
+//! events per device, `record_function` annotations and the allocator settings. Fields missing
+//! in older versions take defaults; unknown fields are ignored; a bare segment list (the public
+//! `torch.cuda.memory_snapshot()` output) is accepted.
+//!
+//! Strings are interned ([`StrId`]), frames and stacks too ([`Stacks`]); a trace event is a
+//! 48-byte row. Building happens while the pickle is decoded (see [`from_pickle`]), so a large trace
+//! never exists as Python-like dicts. What the events *mean* over time is the replay stage's job.
+
+mod build;
+mod stacks;
+
+use std::path::Path;
+
+pub use build::{from_pickle, load, LoadOptions};
+pub use stacks::{Frame, FrameId, StackId, Stacks};
+
+use crate::pickle::Compression;
+pub use crate::pickle::StrId;
+
+/// What an allocator trace entry records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// A block was handed to the program (`size` = requested bytes).
+    Alloc,
+    /// The program dropped the tensor; the block may wait for other streams.
+    FreeRequested,
+    /// The block really went back to the cache.
+    FreeCompleted,
+    /// `cudaMalloc` of a new segment.
+    SegmentAlloc,
+    /// `cudaFree` of a segment.
+    SegmentFree,
+    /// An expandable segment grew.
+    SegmentMap,
+    /// Pages of an expandable segment were released.
+    SegmentUnmap,
+    /// An earlier `_snapshot()` call.
+    Snapshot,
+    /// An allocation failed (`addr` holds the free bytes the device reported).
+    Oom,
+    /// An action this version of memsnap does not know.
+    Unknown,
+}
+
+impl Action {
+    /// Parses PyTorch's action string.
+    pub fn parse(s: &str) -> Action {
+        match s {
+            "alloc" => Action::Alloc,
+            "free_requested" => Action::FreeRequested,
+            "free_completed" => Action::FreeCompleted,
+            "segment_alloc" => Action::SegmentAlloc,
+            "segment_free" => Action::SegmentFree,
+            "segment_map" => Action::SegmentMap,
+            "segment_unmap" => Action::SegmentUnmap,
+            "snapshot" => Action::Snapshot,
+            "oom" => Action::Oom,
+            _ => Action::Unknown,
+        }
+    }
+
+    /// PyTorch's action string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Alloc => "alloc",
+            Action::FreeRequested => "free_requested",
+            Action::FreeCompleted => "free_completed",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+            Action::SegmentMap => "segment_map",
+            Action::SegmentUnmap => "segment_unmap",
+            Action::Snapshot => "snapshot",
+            Action::Oom => "oom",
+            Action::Unknown => "unknown",
+        }
+    }
+}
+
+/// One allocator trace entry.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TraceEvent {
+    /// Block or segment address; for [`Action::Oom`], the free bytes the device reported.
+    pub addr: u64,
+    /// Requested bytes (alloc/free), segment bytes (segment actions), or the failed request.
+    pub size: u64,
+    /// Wall clock in microseconds since the Unix epoch; 0 when not recorded (torch < 2.2).
+    pub time_us: i64,
+    /// The CUDA stream (`cudaStream_t` as an integer; 0 = default stream).
+    pub stream: i64,
+    /// Stack of the allocation (or of the free call, with `context="all"`).
+    pub stack: StackId,
+    /// `compile_context` (torch 2.8+), or the empty string.
+    pub compile_context: StrId,
+    /// `user_metadata` (torch 2.10+), or the empty string.
+    pub user_metadata: StrId,
+    /// 1 + index into [`Snapshot::forward_frames`] (anomaly mode), or 0.
+    pub forward_frames: u32,
+    /// What happened.
+    pub action: Action,
+}
+
+/// State of a block at snapshot time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockState {
+    /// Handed to the program.
+    ActiveAllocated,
+    /// Freed by the program, waiting for other streams (`record_stream`).
+    ActivePendingFree,
+    /// Cached free memory.
+    Inactive,
+}
+
+/// A block inside a segment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Block {
+    /// Start address.
+    pub address: u64,
+    /// Rounded block size.
+    pub size: u64,
+    /// Bytes the program asked for (stale for inactive blocks).
+    pub requested_size: u64,
+    /// Allocation state.
+    pub state: BlockState,
+    /// Allocation stack of a live block.
+    pub stack: StackId,
+}
+
+/// Which pool a segment belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SegmentType {
+    /// 2 MiB segments for requests up to 1 MiB.
+    Small,
+    /// Everything else.
+    Large,
+}
+
+/// One `cudaMalloc` (or one contiguous mapped range of an expandable segment).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Segment {
+    /// Device ordinal.
+    pub device: u32,
+    /// Base address.
+    pub address: u64,
+    /// Reserved bytes.
+    pub total_size: u64,
+    /// CUDA stream of the segment.
+    pub stream: i64,
+    /// Small or large pool.
+    pub segment_type: SegmentType,
+    /// `(0, 0)` for the default pool; anything else is a private pool (CUDA graph, MemPool).
+    pub pool_id: (i64, i64),
+    /// Created with `expandable_segments:True`.
+    pub is_expandable: bool,
+    /// Stack of the `cudaMalloc`.
+    pub stack: StackId,
+    /// Blocks in address order, covering the segment.
+    pub blocks: Vec<Block>,
+}
+
+/// Start or end of a `record_function` range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Stage {
+    /// The range was entered.
+    Start,
+    /// The range was left.
+    End,
+}
+
+/// A `record_function` mark from `external_annotations` (torch 2.5+).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Annotation {
+    /// Enter or leave.
+    pub stage: Stage,
+    /// The range's name.
+    pub name: StrId,
+    /// Device ordinal.
+    pub device: i64,
+    /// Wall clock in microseconds since the Unix epoch.
+    pub time_us: i64,
+}
+
+/// The allocator configuration at snapshot time (torch 2.3+).
+#[derive(Clone, Debug, PartialEq, Default, serde::Serialize)]
+pub struct AllocatorSettings {
+    /// `PYTORCH_CUDA_ALLOC_CONF` as last set.
+    pub alloc_conf: String,
+    /// Blocks at or above this size are never split; `None` = unlimited.
+    pub max_split_size: Option<u64>,
+    /// Whether `expandable_segments:True` was on.
+    pub expandable_segments: bool,
+    /// `roundup_power2_divisions` per power-of-two interval starting at 1 MiB (index 0 = 1 MiB).
+    pub roundup_power2_divisions: [u64; 16],
+    /// `trace_alloc_overflowed` (torch after 2.11): the trace ring buffer dropped old entries.
+    pub trace_overflowed: Option<bool>,
+    /// Every setting as `key = value` text, in file order, for display.
+    pub entries: Vec<(String, String)>,
+}
+
+/// Where a snapshot came from and how it was encoded.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct SourceInfo {
+    /// Pickle protocol (0 or 1 when the file has no PROTO opcode).
+    pub protocol: u8,
+    /// Compression of the file.
+    pub compression: Option<Compression>,
+    /// Bytes of the file on disk.
+    pub file_bytes: u64,
+    /// Bytes of the (decompressed) pickle.
+    pub pickle_bytes: u64,
+    /// The file held a bare segment list (old `torch.cuda.memory_snapshot()` output).
+    pub segments_only: bool,
+    /// Trace entries whose action memsnap does not know.
+    pub unknown_actions: u64,
+}
+
+/// A decoded memory snapshot.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// Segments at snapshot time, all devices.
+    pub segments: Vec<Segment>,
+    /// Allocator trace per device; index = device ordinal.
+    pub traces: Vec<Vec<TraceEvent>>,
+    /// `record_function` marks, in recorded order.
+    pub annotations: Vec<Annotation>,
+    /// Allocator settings, when recorded.
+    pub settings: Option<AllocatorSettings>,
+    /// Interned strings; [`StrId`]`(0)` is the empty string.
+    pub strings: Vec<Box<str>>,
+    /// Frame and stack tables.
+    pub stacks: Stacks,
+    /// Forward-pass tracebacks of anomaly mode, referenced by [`TraceEvent::forward_frames`].
+    pub forward_frames: Vec<Vec<StrId>>,
+    /// Encoding details.
+    pub source: SourceInfo,
+}
+
+impl Snapshot {
+    /// Reads a snapshot file (plain, gzip, xz or zstd).
+    pub fn open(path: &Path) -> Result<Snapshot, crate::Error> {
+        load(path, &LoadOptions::default())
+    }
+
+    /// The text of an interned string.
+    pub fn str(&self, id: StrId) -> &str {
+        self.strings.get(id.0 as usize).map_or("", |s| s)
+    }
+
+    /// Devices that have trace events.
+    pub fn devices_with_events(&self) -> impl Iterator<Item = u32> + '_ {
+        self.traces
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| !t.is_empty())
+            .map(|(d, _)| d as u32)
+    }
+
+    /// Devices that appear in the trace or own a segment, in ascending order.
+    pub fn devices(&self) -> Vec<u32> {
+        let mut devs: Vec<u32> = self.devices_with_events().collect();
+        devs.extend(self.segments.iter().map(|s| s.device));
+        devs.sort_unstable();
+        devs.dedup();
+        devs
+    }
+
+    /// The events of one device (empty if none).
+    pub fn trace(&self, device: u32) -> &[TraceEvent] {
+        self.traces.get(device as usize).map_or(&[], |t| t)
+    }
+
+    /// Segments of one device.
+    pub fn segments_of(&self, device: u32) -> impl Iterator<Item = &Segment> + '_ {
+        self.segments.iter().filter(move |s| s.device == device)
+    }
+
+    /// Formats a frame as `file:line:name` (C++ frames: `name`).
+    pub fn frame_text(&self, id: FrameId) -> String {
+        let f = self.stacks.frame(id);
+        if f.line == 0 {
+            self.str(f.name).to_string()
+        } else {
+            format!("{}:{}:{}", self.str(f.filename), f.line, self.str(f.name))
+        }
+    }
+}

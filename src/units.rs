@@ -1,0 +1,91 @@
+//! Numbers to text: bytes as GiB/MiB, microseconds as seconds, counts with separators.
+//! The only place where figures become strings.
+
+const KIB: f64 = 1024.0;
+const MIB: f64 = 1024.0 * 1024.0;
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// `10.12 GiB`, `512.00 MiB`, `3.00 KiB`, `17 B`: two decimals, binary units (GiB from
+/// 1000 MiB on, so a figure never needs four digits before the point).
+pub fn bytes(b: u64) -> String {
+    let f = b as f64;
+    if f >= 1000.0 * MIB {
+        format!("{:.2} GiB", f / GIB)
+    } else if f >= 1000.0 * KIB {
+        format!("{:.2} MiB", f / MIB)
+    } else if f >= KIB {
+        format!("{:.2} KiB", f / KIB)
+    } else {
+        format!("{b} B")
+    }
+}
+
+/// A signed difference: `+1.25 GiB`, `-3.00 MiB`, `0 B`.
+pub fn bytes_delta(d: i128) -> String {
+    let text = bytes(d.unsigned_abs().min(u64::MAX as u128) as u64);
+    match d.signum() {
+        1 => format!("+{text}"),
+        -1 => format!("-{text}"),
+        _ => text,
+    }
+}
+
+/// GiB with two decimals and no unit (for axis labels and the pithtrain log format).
+pub fn gib(b: u64) -> String {
+    format!("{:.2}", b as f64 / GIB)
+}
+
+/// Microseconds as seconds: `3.41 s`, `120 ms` below one second.
+pub fn duration_us(us: i64) -> String {
+    if us.abs() < 1_000_000 {
+        format!("{} ms", us / 1000)
+    } else {
+        format!("{:.2} s", us as f64 / 1e6)
+    }
+}
+
+/// `1,234,567`.
+pub fn count(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A share of a whole: `42.1%`.
+pub fn percent(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        return "-".to_string();
+    }
+    format!("{:.1}%", part as f64 * 100.0 / whole as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats() {
+        assert_eq!(bytes(17), "17 B");
+        assert_eq!(bytes(3 * 1024), "3.00 KiB");
+        assert_eq!(bytes(512 << 20), "512.00 MiB");
+        assert_eq!(bytes(1000 << 20), "0.98 GiB");
+        assert_eq!(bytes(1000 << 10), "0.98 MiB");
+        assert_eq!(bytes(10_868_601_856), "10.12 GiB");
+        assert_eq!(bytes_delta(-(3 << 20)), "-3.00 MiB");
+        assert_eq!(bytes_delta(1 << 30), "+1.00 GiB");
+        assert_eq!(bytes_delta(0), "0 B");
+        assert_eq!(gib(1_815_257_600), "1.69");
+        assert_eq!(duration_us(3_410_000), "3.41 s");
+        assert_eq!(duration_us(120_400), "120 ms");
+        assert_eq!(count(1_234_567), "1,234,567");
+        assert_eq!(count(12), "12");
+        assert_eq!(percent(1, 3), "33.3%");
+        assert_eq!(percent(1, 0), "-");
+    }
+}

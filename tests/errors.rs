@@ -1,0 +1,172 @@
+//! Bad input: every failure is one line naming the file (and the byte offset when there is
+//! one), with exit code 1, and never a panic.
+
+use crate::util::*;
+
+fn write(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> String {
+    let p = dir.path().join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+/// Runs `report` on a bad file and returns its one error line.
+fn fails(path: &str) -> String {
+    let o = memsnap(&["report", path]);
+    assert_eq!(o.status.code(), Some(1), "exit code for {path}");
+    let err = stderr(&o);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with(&format!("memsnap: {path}: ")), "{err}");
+    err
+}
+
+#[test]
+fn code_opcodes_are_refused() {
+    let dir = scratch();
+    // pickle.dumps of os.system("echo pwned"), protocol 0 and protocol 4
+    let p0 = write(&dir, "p0.pickle", b"cposix\nsystem\n(Vecho pwned\ntR.");
+    assert!(fails(&p0).ends_with("byte 0: opcode GLOBAL would run code; refusing to load\n"));
+    let p4 = write(
+        &dir,
+        "p4.pickle",
+        b"\x80\x04\x95\x1e\x00\x00\x00\x00\x00\x00\x00\x8c\x05posix\x94\x8c\x06system\x94\x93\x94\x8c\x0aecho pwned\x94\x85\x94R\x94.",
+    );
+    assert!(fails(&p4).contains("byte 28: opcode STACK_GLOBAL would run code"));
+}
+
+#[test]
+fn truncated_snapshot_at_every_point() {
+    let full = std::fs::read(testdata("pickle/values_p4.pickle")).unwrap();
+    let dir = scratch();
+    for cut in (0..full.len()).step_by(37) {
+        let p = write(&dir, &format!("cut{cut}.pickle"), &full[..cut]);
+        let err = fails(&p);
+        assert!(
+            err.contains("byte") || err.contains("empty"),
+            "cut at {cut}: {err}"
+        );
+    }
+}
+
+#[test]
+fn truncated_compressed_file() {
+    let Some(shared) = shared() else { return };
+    let xz = std::fs::read(shared.join("two-devices/two_device.pickle.xz")).unwrap();
+    let dir = scratch();
+    let p = write(&dir, "half.pickle.xz", &xz[..xz.len() / 2]);
+    let err = fails(&p);
+    assert!(err.contains("byte"), "{err}");
+}
+
+#[test]
+fn random_bytes() {
+    let dir = scratch();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..20 {
+        let bytes: Vec<u8> = (0..(i * 50 + 1))
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 32) as u8
+            })
+            .collect();
+        fails(&write(&dir, &format!("r{i}.bin"), &bytes));
+    }
+}
+
+#[test]
+fn memo_bomb_is_not_a_snapshot_and_stays_small() {
+    // [x]*1000 nested 6 levels through memo references: 10^18 elements if expanded.
+    // Each level is built, memoized and popped; the last one is fetched back as the result.
+    let mut p = b"\x80\x04]\x94K\x01a0".to_vec();
+    for level in 0..6u32 {
+        p.extend_from_slice(b"]\x94(");
+        for _ in 0..1000 {
+            p.push(b'j');
+            p.extend_from_slice(&level.to_le_bytes());
+        }
+        p.extend_from_slice(b"e0");
+    }
+    p.extend_from_slice(b"h\x06.");
+    let dir = scratch();
+    let err = fails(&write(&dir, "bomb.pickle", &p));
+    assert!(err.contains("not a memory snapshot"), "{err}");
+    // the same bomb as 'segments' of a snapshot dict
+    let mut s = b"\x80\x04}\x94\x8c\x08segments\x94".to_vec();
+    s.extend_from_slice(&p[2..p.len() - 1]);
+    s.extend_from_slice(b"s.");
+    let err = fails(&write(&dir, "bomb2.pickle", &s));
+    assert!(err.contains("invalid snapshot"), "{err}");
+}
+
+#[test]
+fn huge_length_prefix() {
+    let dir = scratch();
+    let err = fails(&write(
+        &dir,
+        "huge.pickle",
+        b"\x80\x04\x8d\x00\x00\x00\x00\x00\x00\x00\x40abc",
+    ));
+    assert!(
+        err.contains("byte 2: BINUNICODE8 of 4611686018427387904 bytes"),
+        "{err}"
+    );
+}
+
+#[test]
+fn plain_int_and_other_pickles() {
+    let dir = scratch();
+    let err = fails(&write(&dir, "int.pickle", b"\x80\x04K\x2a."));
+    assert!(
+        err.contains("not a memory snapshot: the pickle holds an int"),
+        "{err}"
+    );
+    let err = fails(&write(
+        &dir,
+        "dict.pickle",
+        b"\x80\x04}\x94\x8c\x01a\x94K\x01s.",
+    ));
+    assert!(
+        err.contains("a dict without 'segments' or 'device_traces'"),
+        "{err}"
+    );
+    let err = fails(&write(
+        &dir,
+        "badtype.pickle",
+        b"\x80\x04}\x94\x8c\x08segments\x94K\x01s.",
+    ));
+    assert!(
+        err.contains("invalid snapshot: segments is an int"),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_file_and_directory() {
+    let err = fails("/nonexistent/memsnap-test.pickle");
+    assert!(err.contains("No such file"), "{err}");
+    let dir = scratch();
+    let d = dir.path().to_string_lossy().into_owned();
+    let o = memsnap(&["report", &d]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).starts_with(&format!("memsnap: {d}: ")));
+}
+
+#[test]
+fn good_files_are_still_reported_after_a_bad_one() {
+    let dir = scratch();
+    let bad = write(&dir, "bad.pickle", b"garbage");
+    let good = testdata("snapshots/single-gpu/memory_snapshot_rank0_step1.pickle.xz");
+    let o = memsnap(&["report", &bad, &good.to_string_lossy()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).contains("device 0"), "{}", stdout(&o));
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let o = memsnap(&["report"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = memsnap(&["frobnicate"]);
+    assert_eq!(o.status.code(), Some(2));
+}

@@ -1,0 +1,77 @@
+//! Helpers: running the binary, finding the shared snapshots, scratch files.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Runs `memsnap` with `args`.
+pub fn memsnap(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memsnap"))
+        .args(args)
+        .output()
+        .expect("memsnap runs")
+}
+
+/// stdout as text.
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// stderr as text.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Runs `memsnap`, asserts success, returns stdout.
+pub fn ok(args: &[&str]) -> String {
+    let o = memsnap(args);
+    assert!(
+        o.status.success(),
+        "memsnap {args:?} failed: {}",
+        stderr(&o)
+    );
+    stdout(&o)
+}
+
+/// The repository's own test data.
+pub fn testdata(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata")
+        .join(rel)
+}
+
+/// `../shared/snapshots`, the real snapshots recorded for memsnap. `None` (with a message)
+/// when absent, as in a user's fresh clone; a failure under CI, where they must be present.
+pub fn shared() -> Option<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/snapshots");
+    if dir.is_dir() {
+        return Some(dir);
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("CI=true but {} is missing", dir.display());
+    }
+    eprintln!("skipping: {} not found", dir.display());
+    None
+}
+
+/// Every snapshot file under the shared folder (`.pickle` and `.pickle.xz`).
+pub fn shared_snapshots(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let p = entry.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.to_string_lossy().contains(".pickle") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A scratch directory removed at the end of the test.
+pub fn scratch() -> tempfile::TempDir {
+    tempfile::tempdir().expect("temp dir")
+}
