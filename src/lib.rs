@@ -25,6 +25,7 @@
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
 
+pub mod attribute;
 mod error;
 pub mod pickle;
 pub mod replay;

@@ -43,12 +43,59 @@ impl From<Sizes> for SizeModel {
     }
 }
 
-/// Common options for reading snapshot files.
+/// Rule sets for attribution (`--preset`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PresetArg {
+    /// Choose by the frames present.
+    Auto,
+    /// DualPipeV pipelines (pithtrain).
+    Pithtrain,
+    /// Any PyTorch program.
+    Generic,
+}
+
+/// Common options for reading and attributing snapshot files.
 #[derive(Debug, clap::Args)]
 pub struct InputArgs {
     /// How bytes are counted.
     #[arg(long, value_enum, default_value_t = Sizes::Allocator)]
     sizes: Sizes,
+    /// Folder holding the training program's source, to map lines to `# Step N` and
+    /// `# Stage N.` regions (the recorded path's suffixes are tried below it).
+    #[arg(long, value_name = "DIR")]
+    source_root: Vec<std::path::PathBuf>,
+    /// Attribution rule set.
+    #[arg(long, value_enum, default_value_t = PresetArg::Auto)]
+    preset: PresetArg,
+    /// TOML file of custom labelling rules (see the README).
+    #[arg(long, value_name = "FILE")]
+    rules: Option<std::path::PathBuf>,
+}
+
+impl InputArgs {
+    /// The attribution options these arguments ask for.
+    pub fn attribution(&self) -> Result<memsnap::attribute::Options, memsnap::Error> {
+        let rules = match &self.rules {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| memsnap::Error::new(path, memsnap::ErrorKind::Io(e)))?;
+                Some(
+                    memsnap::attribute::rules::RuleSet::parse(&text)
+                        .map_err(|e| memsnap::Error::new(path, memsnap::ErrorKind::Usage(e)))?,
+                )
+            }
+            None => None,
+        };
+        Ok(memsnap::attribute::Options {
+            source_roots: self.source_root.clone(),
+            preset: match self.preset {
+                PresetArg::Auto => None,
+                PresetArg::Pithtrain => Some(memsnap::attribute::Preset::Pithtrain),
+                PresetArg::Generic => Some(memsnap::attribute::Preset::Generic),
+            },
+            rules,
+        })
+    }
 }
 
 /// Runs a parsed command line; returns the process exit code.

@@ -4,6 +4,7 @@ use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use memsnap::report::breakdown::Dimension;
 use memsnap::report::{self, FileReport};
 
 use super::{complain, load, InputArgs};
@@ -19,9 +20,35 @@ pub struct ReportArgs {
     pub json: bool,
     #[command(flatten)]
     pub input: InputArgs,
+    /// Peak breakdowns to show: category, step, op, stage, site, phase, annotation
+    /// (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "category,step,stage", value_parser = parse_dimension)]
+    pub by: Vec<Dimension>,
+    /// Rows per table.
+    #[arg(long, default_value_t = 8)]
+    pub top: usize,
+}
+
+fn parse_dimension(s: &str) -> Result<Dimension, String> {
+    Dimension::parse(s).ok_or_else(|| {
+        format!("unknown dimension {s:?}; use category, step, op, stage, site, phase or annotation")
+    })
 }
 
 pub fn run(args: ReportArgs) -> io::Result<ExitCode> {
+    let attribution = match args.input.attribution() {
+        Ok(a) => a,
+        Err(e) => {
+            complain(&e);
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let options = report::Options {
+        model: args.input.sizes.into(),
+        attribution,
+        by: args.by.clone(),
+        top: args.top,
+    };
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let mut failed = false;
@@ -35,7 +62,7 @@ pub fn run(args: ReportArgs) -> io::Result<ExitCode> {
             }
         };
         let name = path.display().to_string();
-        let rep = FileReport::new(&name, &snap, args.input.sizes.into());
+        let rep = FileReport::new(&name, &snap, &options);
         if args.json {
             report::json::write(&mut out, &rep)?;
         } else {

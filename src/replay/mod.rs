@@ -142,6 +142,8 @@ pub struct Preexisting {
     pub stack: StackId,
     /// Index of its `free_requested`, or [`NONE`] if still alive at the end.
     pub freed_at: u32,
+    /// Allocated (not already freed and waiting for other streams) at trace start.
+    pub live: bool,
 }
 
 /// The replay of one device's trace.
@@ -391,9 +393,10 @@ impl<'a> Replayer<'a> {
             out.push(Preexisting {
                 addr,
                 size,
-                requested: if state == Use::Live { requested } else { 0 },
+                requested,
                 stack,
                 freed_at: NONE,
+                live: state == Use::Live,
             });
         }
         self.misplaced = self.state.build(placed);

@@ -4,13 +4,70 @@
 //! them as aligned tables for people and [`json`] as one JSON object per file for machines.
 //! Nothing here reads the terminal or formats numbers outside [`crate::units`].
 
+pub mod breakdown;
 pub mod json;
 pub mod text;
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
+use crate::attribute::{self, Attribution, PipelineInfo, Preset};
 use crate::replay::{self, EndCheck, Oom, Replay, SizeModel};
 use crate::snapshot::{BlockState, Snapshot, SourceInfo};
+use breakdown::{Dimension, Keyer, Share, StepRow};
+
+/// What to compute and show.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// How bytes are counted.
+    pub model: SizeModel,
+    /// Attribution options (source roots, preset, custom rules).
+    pub attribution: attribute::Options,
+    /// Dimensions of the peak breakdown to show (the JSON always has them all).
+    pub by: Vec<Dimension>,
+    /// Rows per breakdown table.
+    pub top: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            model: SizeModel::Allocator,
+            attribution: attribute::Options::default(),
+            by: vec![Dimension::Category, Dimension::Step, Dimension::Stage],
+            top: 8,
+        }
+    }
+}
+
+/// Where the peak happened: the labels of the allocation that reached it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PeakPlace {
+    /// Pipeline step (or phase) text.
+    pub step: String,
+    /// Op with micro-batches.
+    pub op: String,
+    /// Layer stage or model place.
+    pub stage: String,
+    /// Category of that allocation.
+    pub category: String,
+    /// Layer ordinal within its chunk, if known.
+    pub layer: Option<u16>,
+    /// Allocation site.
+    pub site: String,
+    /// Autograd node or other detail.
+    pub detail: String,
+}
+
+/// How the trace was labelled.
+#[derive(Clone, Debug, Serialize)]
+pub struct AttributionSummary {
+    /// The preset used.
+    pub preset: Preset,
+    /// Pipeline details (pithtrain preset).
+    pub pipeline: Option<PipelineInfo>,
+}
 
 /// Which stacks the recording kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -95,6 +152,23 @@ pub struct DeviceReport {
     pub ooms: Vec<Oom>,
     /// Details of the end-of-replay check.
     pub check: EndCheck,
+    /// How events were labelled.
+    pub attribution: AttributionSummary,
+    /// Where the allocated peak happened.
+    pub peak: PeakPlace,
+    /// Bytes live at the peak, per dimension (`category`, `step`, `op`, `stage`, `phase`,
+    /// `annotation`), largest first.
+    pub peak_breakdown: BTreeMap<&'static str, Vec<Share>>,
+    /// Allocation sites live at the peak, largest first.
+    pub top_sites: Vec<Share>,
+    /// One row per pipeline step (or phase) in time order.
+    pub steps: Vec<StepRow>,
+    /// Dimensions the text report shows.
+    #[serde(skip)]
+    pub show: Vec<Dimension>,
+    /// Rows per table in the text report.
+    #[serde(skip)]
+    pub top: usize,
 }
 
 /// Everything the report says about one file.
@@ -143,9 +217,54 @@ fn largest_free_block(snap: &Snapshot, device: u32) -> u64 {
 }
 
 impl DeviceReport {
-    /// Summarises a replayed device.
-    pub fn new(snap: &Snapshot, r: &Replay) -> DeviceReport {
+    /// Summarises a replayed, attributed device.
+    pub fn new(snap: &Snapshot, r: &Replay, a: &Attribution, options: &Options) -> DeviceReport {
         let peak = r.peaks.allocated;
+        let live = breakdown::live_at(snap, r, a, peak.event);
+        let mut keyer = Keyer::new(snap, a);
+        let mut peak_breakdown = BTreeMap::new();
+        for d in Dimension::ALL {
+            if d == Dimension::Site {
+                continue;
+            }
+            let mut shares = breakdown::group(&mut keyer, d, &live);
+            reconcile(
+                &mut shares,
+                peak.bytes,
+                d,
+                &keyer_preexisting_label(&mut keyer, a, d),
+            );
+            peak_breakdown.insert(d.as_str(), shares);
+        }
+        let top_sites: Vec<Share> = breakdown::group(&mut keyer, Dimension::Site, &live)
+            .into_iter()
+            .take(options.top.max(1) * 3)
+            .collect();
+        let place = match peak.event {
+            Some(i) => {
+                let events = snap.trace(r.device);
+                // The allocation that reached the peak is the event itself, or the newest
+                // live allocation before it.
+                let owner = (0..=i)
+                    .rev()
+                    .find(|&k| events[k].action == crate::snapshot::Action::Alloc)
+                    .unwrap_or(i);
+                let l = &a.labels[owner];
+                PeakPlace {
+                    step: a.step_text(l, a.multi_step()),
+                    op: a.op_text(l),
+                    stage: a.names.get(l.stage).to_string(),
+                    category: l.category.as_str().to_string(),
+                    layer: (l.layer != u16::MAX).then_some(l.layer),
+                    site: attribute::frames::site(snap, events[owner].stack, 4),
+                    detail: a.names.get(l.detail).to_string(),
+                }
+            }
+            None => PeakPlace {
+                step: "before the trace".into(),
+                ..PeakPlace::default()
+            },
+        };
         let reserved_at_peak = r.reserved_at(peak.event);
         DeviceReport {
             device: r.device,
@@ -175,20 +294,66 @@ impl DeviceReport {
             largest_free_block_bytes: largest_free_block(snap, r.device),
             ooms: r.ooms.clone(),
             check: r.check.clone(),
+            attribution: AttributionSummary {
+                preset: a.preset,
+                pipeline: a.pipeline.clone(),
+            },
+            peak: place,
+            peak_breakdown,
+            top_sites,
+            steps: breakdown::step_table(snap, r, a),
+            show: options.by.clone(),
+            top: options.top,
         }
     }
 }
 
+fn keyer_preexisting_label(keyer: &mut Keyer, a: &Attribution, d: Dimension) -> String {
+    let l = attribute::Label {
+        category: attribute::Category::PreExisting,
+        call: u32::MAX,
+        mb: attribute::NO_MB,
+        mb_backward: attribute::NO_MB,
+        ..Default::default()
+    };
+    let _ = a;
+    keyer.key(d, &l, crate::snapshot::StackId::EMPTY)
+}
+
+/// Makes a breakdown add up to `total`: with rounded sizes the series is anchored at the
+/// snapshot's end, and the difference belongs to the memory that was there before the trace.
+fn reconcile(shares: &mut Vec<Share>, total: u64, _d: Dimension, pre_label: &str) {
+    let sum: u64 = shares.iter().map(|s| s.bytes).sum();
+    if sum == total {
+        return;
+    }
+    let diff = total as i128 - sum as i128;
+    match shares.iter_mut().find(|s| s.label == pre_label) {
+        Some(s) => s.bytes = (s.bytes as i128 + diff).max(0) as u64,
+        None if diff > 0 => shares.push(Share {
+            label: pre_label.to_string(),
+            bytes: diff as u64,
+            count: 0,
+        }),
+        None => {}
+    }
+    shares.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.label.cmp(&b.label)));
+}
+
 impl FileReport {
-    /// Replays and summarises every device of a snapshot.
-    pub fn new(file: &str, snap: &Snapshot, model: SizeModel) -> FileReport {
+    /// Replays, attributes and summarises every device of a snapshot.
+    pub fn new(file: &str, snap: &Snapshot, options: &Options) -> FileReport {
         let mut devices: Vec<u32> = snap.devices_with_events().collect();
         if devices.is_empty() {
             devices = snap.devices();
         }
         let devices = devices
             .into_iter()
-            .map(|d| DeviceReport::new(snap, &replay::replay(snap, d, model)))
+            .map(|d| {
+                let r = replay::replay(snap, d, options.model);
+                let a = attribute::attribute(snap, &r, &options.attribution);
+                DeviceReport::new(snap, &r, &a, options)
+            })
             .collect();
         FileReport {
             file: file.to_string(),

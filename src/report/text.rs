@@ -4,19 +4,26 @@ use std::io::{self, Write};
 
 use comfy_table::{CellAlignment, ContentArrangement, LineStyle, Table, TableStyle};
 
+use super::breakdown::Share;
 use super::{DeviceReport, FileReport};
 use crate::units;
 
 const STYLE: TableStyle =
     TableStyle::new().header_separator(LineStyle::none().fill('─').junction('─'));
 
-/// A table in memsnap's style: a header rule, right-aligned figures.
+/// A table in memsnap's style: a header rule, right-aligned figures (all columns but the
+/// first; see [`table_with_text`] for more text columns).
 pub fn table(header: &[&str]) -> Table {
+    table_with_text(header, 1)
+}
+
+/// A table whose first `text_columns` columns are left-aligned text.
+pub fn table_with_text(header: &[&str], text_columns: usize) -> Table {
     let mut t = Table::new();
     t.load_style(STYLE)
         .set_content_arrangement(ContentArrangement::Disabled)
         .set_header(header.to_vec());
-    for i in 1..header.len() {
+    for i in text_columns..header.len() {
         if let Some(c) = t.column_mut(i) {
             c.set_cell_alignment(CellAlignment::Right);
         }
@@ -139,6 +146,7 @@ fn write_device(out: &mut dyn Write, file: &str, d: &DeviceReport) -> io::Result
             units::bytes(oom.device_free)
         )?;
     }
+    write_attribution(out, d)?;
     if !d.replay_consistent {
         writeln!(
             out,
@@ -153,4 +161,146 @@ fn write_device(out: &mut dyn Write, file: &str, d: &DeviceReport) -> io::Result
         }
     }
     writeln!(out)
+}
+
+fn write_shares(
+    out: &mut dyn Write,
+    title: &str,
+    shares: &[Share],
+    total: u64,
+    top: usize,
+) -> io::Result<()> {
+    if shares.is_empty() {
+        return Ok(());
+    }
+    let mut t = table(&[title, "bytes", "share", "count"]);
+    let mut rest = (0u64, 0u64, 0usize);
+    for (i, s) in shares.iter().enumerate() {
+        if i < top {
+            t.add_row(vec![
+                s.label.clone(),
+                units::bytes(s.bytes),
+                units::percent(s.bytes, total),
+                units::count(s.count),
+            ]);
+        } else {
+            rest.0 += s.bytes;
+            rest.1 += s.count;
+            rest.2 += 1;
+        }
+    }
+    if rest.2 > 0 {
+        t.add_row(vec![
+            format!("({} more)", rest.2),
+            units::bytes(rest.0),
+            units::percent(rest.0, total),
+            units::count(rest.1),
+        ]);
+    }
+    writeln!(out)?;
+    writeln!(out, "{}", indented(&t, "  "))
+}
+
+fn write_attribution(out: &mut dyn Write, d: &DeviceReport) -> io::Result<()> {
+    let p = &d.peak;
+    let mut place = vec![p.step.clone()];
+    if !p.op.is_empty() && !p.step.ends_with(&p.op) {
+        place.push(p.op.clone());
+    }
+    if !p.stage.is_empty() {
+        place.push(p.stage.clone());
+    }
+    if let Some(layer) = p.layer {
+        place.push(format!("layer {layer} of its chunk"));
+    }
+    if !p.detail.is_empty() {
+        place.push(p.detail.clone());
+    }
+    writeln!(out, "  the peak was reached in {}", place.join(" · "))?;
+    if let Some(info) = &d.attribution.pipeline {
+        let from = match &info.steps_from {
+            crate::attribute::StepSource::Source { file } => format!("from the source {file}"),
+            crate::attribute::StepSource::Inferred => "inferred from the trace".to_string(),
+        };
+        let shape = info.shape.map_or(String::new(), |s| {
+            format!(
+                "; pipeline rank {} of {}, {} micro-batches",
+                s.rank, s.ranks, s.chunks
+            )
+        });
+        writeln!(out, "  DualPipeV steps {from}{shape}")?;
+        if let Some(note) = &info.note {
+            writeln!(out, "  note: {note}")?;
+        }
+    }
+    let total = d.peak_allocated_bytes;
+    for dim in &d.show {
+        let name = dim.as_str();
+        let shares = if *dim == super::breakdown::Dimension::Site {
+            &d.top_sites
+        } else {
+            match d.peak_breakdown.get(name) {
+                Some(s) => s,
+                None => continue,
+            }
+        };
+        write_shares(
+            out,
+            &format!("live at the peak, by {name}"),
+            shares,
+            total,
+            d.top,
+        )?;
+    }
+    if !d.steps.is_empty() {
+        let with_iterations = d.steps.iter().any(|r| r.iterations.is_some());
+        let mut header = vec![
+            "steps",
+            "iterations",
+            "start",
+            "end",
+            "peak",
+            "peak is mostly",
+        ];
+        if !with_iterations {
+            header.remove(1);
+        }
+        let mut t = table(&header);
+        if let Some(c) = t.column_mut(header.len() - 1) {
+            c.set_cell_alignment(CellAlignment::Left);
+        }
+        for row in &d.steps {
+            let mostly = row
+                .peak_categories
+                .iter()
+                .take(2)
+                .map(|s| format!("{} {}", s.label, units::bytes(s.bytes)))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let mut cells = vec![
+                row.label.clone(),
+                row.iterations.map_or(String::new(), |n| n.to_string()),
+                units::bytes(row.start_allocated_bytes),
+                units::bytes(row.end_allocated_bytes),
+                units::bytes(row.peak_allocated_bytes),
+                mostly,
+            ];
+            if !with_iterations {
+                cells.remove(1);
+            }
+            t.add_row(cells);
+        }
+        writeln!(out)?;
+        writeln!(out, "{}", indented(&t, "  "))?;
+    }
+    if !d.show.contains(&super::breakdown::Dimension::Site) {
+        write_shares(
+            out,
+            "top allocation sites live at the peak",
+            &d.top_sites,
+            total,
+            d.top,
+        )?;
+    }
+    Ok(())
 }

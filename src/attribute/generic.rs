@@ -1,0 +1,289 @@
+//! The generic preset: phases of any PyTorch training loop from PyTorch's own frames and
+//! `record_function` annotations.
+//!
+//! Per stack: frames under `torch/optim/` mean the optimizer; frames of the autograd engine
+//! (C++), of an autograd node, or of `torch.autograd.backward` mean backward; module calls
+//! (`torch/nn/modules/module.py`) mean forward; frames of `torch/distributed/fsdp` name FSDP's
+//! all-gather and reduce-scatter; `torch/utils/checkpoint.py` names activation recomputation.
+//! An event with no frames takes the phase of the main-thread event before it when that was a
+//! backward call (the main thread waits in `backward()` while the autograd thread allocates).
+//! An active `record_function` range named like a phase (`forward`, `backward`, `optimizer`)
+//! decides over frames. Training steps are counted at `ProfilerStep#N`/`step_N` ranges, or
+//! after each optimizer phase.
+
+use super::frames;
+use super::{Label, Names, Phase, STEP_NONE};
+use crate::replay::Replay;
+use crate::snapshot::{Snapshot, StackId, Stage};
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Facts {
+    phase: Option<Phase>,
+    in_backward_call: bool,
+    main_thread: bool,
+    stage: super::NameId,
+}
+
+fn facts(snap: &Snapshot, stack: StackId, names: &mut Names) -> Facts {
+    let mut optim = false;
+    let mut engine =
+        frames::in_autograd_engine(snap, stack) || frames::autograd_node(snap, stack).is_some();
+    let mut backward_call = false;
+    let mut module = false;
+    let mut fsdp: Option<&'static str> = None;
+    let mut checkpoint = false;
+    let mut main = false;
+    let mut collective = false;
+    for &id in snap.stacks.stack(stack) {
+        let f = snap.stacks.frame(id);
+        let file = snap.str(f.filename);
+        let name = snap.str(f.name);
+        if f.line == 0 {
+            if name.contains("c10d::") || name.contains("ProcessGroupNCCL") || name.contains("nccl")
+            {
+                collective = true;
+            }
+            continue;
+        }
+        if name == "<module>" {
+            main = true;
+        }
+        if file.contains("torch/optim/") {
+            optim = true;
+        }
+        if (file.ends_with("torch/autograd/__init__.py") && name == "backward")
+            || (file.ends_with("torch/autograd/graph.py") && name == "_engine_run_backward")
+            || (file.ends_with("torch/_tensor.py") && name == "backward")
+        {
+            backward_call = true;
+        }
+        if file.ends_with("torch/nn/modules/module.py") {
+            module = true;
+        }
+        if file.contains("torch/distributed/fsdp")
+            || file.contains("torch/distributed/_composable/fsdp")
+        {
+            fsdp = Some(
+                if name.contains("reduce_scatter") || name.contains("post_backward") {
+                    "fsdp reduce-scatter"
+                } else if name.contains("all_gather") || name.contains("unshard") {
+                    "fsdp all-gather"
+                } else {
+                    fsdp.unwrap_or("fsdp")
+                },
+            );
+        }
+        if file.ends_with("torch/utils/checkpoint.py") {
+            checkpoint = true;
+        }
+        if file.contains("torch/distributed/") && !file.contains("fsdp") {
+            collective = true;
+        }
+    }
+    if !main
+        && !snap.stacks.stack(stack).is_empty()
+        && frames::user_frames(snap, stack).next().is_some()
+    {
+        // Python frames without a module at the bottom: another thread (autograd).
+        engine = true;
+    }
+    let phase = if optim {
+        Some(Phase::Optimizer)
+    } else if engine || backward_call {
+        Some(Phase::Backward)
+    } else if module {
+        Some(Phase::Forward)
+    } else if collective {
+        Some(Phase::Communication)
+    } else {
+        None
+    };
+    let stage = if let Some(f) = fsdp {
+        f.to_string()
+    } else if checkpoint && engine {
+        "activation checkpointing: recompute".to_string()
+    } else if let Some(f) = frames::user_frames(snap, stack).next() {
+        let file = snap.str(f.filename);
+        let short = file.rsplit('/').next().unwrap_or(file);
+        format!("{short}:{}", snap.str(f.name))
+    } else if let Some(node) = frames::autograd_node(snap, stack) {
+        format!("autograd {node}")
+    } else {
+        String::new()
+    };
+    Facts {
+        phase,
+        in_backward_call: backward_call,
+        main_thread: main,
+        stage: names.intern(&stage),
+    }
+}
+
+/// `record_function` ranges of a device as `(start µs, end µs, name, depth)`.
+fn annotation_ranges(snap: &Snapshot, device: u32) -> Vec<(i64, i64, crate::snapshot::StrId)> {
+    let mut open: Vec<(crate::snapshot::StrId, i64)> = Vec::new();
+    let mut out = Vec::new();
+    let mut marks: Vec<_> = snap
+        .annotations
+        .iter()
+        .filter(|a| a.device == device as i64)
+        .collect();
+    marks.sort_by_key(|a| (a.time_us, a.stage == Stage::Start));
+    for a in marks {
+        match a.stage {
+            Stage::Start => open.push((a.name, a.time_us)),
+            Stage::End => {
+                if let Some(pos) = open.iter().rposition(|o| o.0 == a.name) {
+                    let (name, start) = open.remove(pos);
+                    out.push((start, a.time_us, name));
+                }
+            }
+        }
+    }
+    for (name, start) in open {
+        out.push((start, i64::MAX, name));
+    }
+    out.sort_by_key(|r| (r.0, std::cmp::Reverse(r.1)));
+    out
+}
+
+fn phase_of_annotation(name: &str) -> Option<Phase> {
+    let n = name.to_ascii_lowercase();
+    if n.contains("optimizer") || n.contains("optim.") {
+        Some(Phase::Optimizer)
+    } else if n.contains("backward") {
+        Some(Phase::Backward)
+    } else if n.contains("forward") {
+        Some(Phase::Forward)
+    } else {
+        None
+    }
+}
+
+fn step_number(name: &str) -> Option<u32> {
+    let n = name
+        .strip_prefix("ProfilerStep#")
+        .or_else(|| name.strip_prefix("step_"))
+        .or_else(|| name.strip_prefix("step"))?;
+    n.parse().ok()
+}
+
+/// Labels events with generic phases, stages and annotations. With `all` false, only events the
+/// pipeline preset left outside any pipeline step get phases and stages.
+pub(crate) fn label(
+    snap: &Snapshot,
+    replay: &Replay,
+    names: &mut Names,
+    labels: &mut [Label],
+    all: bool,
+) {
+    let events = snap.trace(replay.device);
+    let ranges = annotation_ranges(snap, replay.device);
+    let mut cache = frames::PerStack::new(snap);
+    let mut active: Vec<(i64, i64, crate::snapshot::StrId)> = Vec::new();
+    let mut next_range = 0;
+    let mut last_main_backward = false;
+    let mut segment: u32 = 0;
+    let mut last_phase: Option<Phase> = None;
+    let mut train_step: u16 = 0;
+    let mut first_step_number: Option<u32> = None;
+    let mut saw_optimizer = false;
+    let ops = [
+        names.intern("forward"),
+        names.intern("backward"),
+        names.intern("optimizer"),
+        names.intern("communication"),
+        names.intern("other"),
+    ];
+    for (i, e) in events.iter().enumerate() {
+        // annotations active at this event
+        while next_range < ranges.len() && ranges[next_range].0 <= e.time_us {
+            active.push(ranges[next_range]);
+            next_range += 1;
+        }
+        active.retain(|r| r.1 >= e.time_us);
+        let innermost = active.last().map(|r| r.2);
+        if let Some(name) = innermost {
+            labels[i].annotation = names.intern(snap.str(name));
+        }
+        let step_from_annotation = active.iter().rev().find_map(|r| step_number(snap.str(r.2)));
+        if !all && labels[i].pipe_step != STEP_NONE {
+            continue;
+        }
+        let f: Facts = cache.get(e.stack, || facts(snap, e.stack, names));
+        let annotated = active
+            .iter()
+            .rev()
+            .find_map(|r| phase_of_annotation(snap.str(r.2)));
+        let mut phase = annotated.or(f.phase);
+        if phase.is_none() && snap.stacks.stack(e.stack).is_empty() && last_main_backward {
+            phase = Some(Phase::Backward);
+        }
+        if f.main_thread {
+            last_main_backward = f.in_backward_call;
+        }
+        let phase = phase.unwrap_or(Phase::Other);
+        // training steps
+        match step_from_annotation {
+            Some(n) => {
+                let first = *first_step_number.get_or_insert(n);
+                train_step = n.saturating_sub(first) as u16;
+            }
+            None => {
+                if saw_optimizer && phase != Phase::Optimizer && f.main_thread {
+                    train_step += 1;
+                    saw_optimizer = false;
+                }
+                if phase == Phase::Optimizer {
+                    saw_optimizer = true;
+                }
+            }
+        }
+        if last_phase != Some(phase) && (f.main_thread || last_phase.is_none()) {
+            segment += 1;
+            last_phase = Some(phase);
+        }
+        let l = &mut labels[i];
+        l.phase = phase;
+        l.op = ops[match phase {
+            Phase::Forward => 0,
+            Phase::Backward => 1,
+            Phase::Optimizer => 2,
+            Phase::Communication => 3,
+            Phase::Other => 4,
+        }];
+        if all {
+            l.train_step = train_step;
+        }
+        l.stage = if f.stage == super::NameId::default() && phase == Phase::Backward {
+            names.intern("backward (autograd thread)")
+        } else {
+            f.stage
+        };
+        l.call = segment | (1 << 31);
+        if l.detail == super::NameId::default() {
+            if let Some(node) = frames::autograd_node(snap, e.stack) {
+                l.detail = names.intern(&node);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn annotations_name_phases_and_steps() {
+        assert_eq!(phase_of_annotation("forward"), Some(Phase::Forward));
+        assert_eq!(
+            phase_of_annotation("Optimizer.step#AdamW.step"),
+            Some(Phase::Optimizer)
+        );
+        assert_eq!(phase_of_annotation("loss.backward"), Some(Phase::Backward));
+        assert_eq!(phase_of_annotation("nccl:coalesced"), None);
+        assert_eq!(step_number("ProfilerStep#12"), Some(12));
+        assert_eq!(step_number("step_3"), Some(3));
+        assert_eq!(step_number("stepper"), None);
+    }
+}

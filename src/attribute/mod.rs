@@ -1,0 +1,333 @@
+//! Attribute: every allocation to its pipeline step, op, micro-batch, layer stage and category.
+//!
+//! Labels come from rules over allocation stacks, compiled once per distinct stack:
+//!
+//! - the **pithtrain** preset ([`pipeline`]), chosen when frames of `DualPipeV.step` appear:
+//!   the line of the `step` frame gives the pipeline step (from the `# Step N` comments of the
+//!   source when it is at hand, otherwise inferred from the trace and the schedule model in
+//!   [`schedule`]); the function it calls gives the op and, with the schedule, the phase and
+//!   micro-batch; frames below give the layer stage;
+//! - the **generic** preset ([`generic`]) for any other PyTorch program: forward, backward,
+//!   optimizer, FSDP and activation checkpointing from PyTorch's own frames, and
+//!   `record_function` ranges from the snapshot's annotations;
+//! - **custom rules** from a TOML file ([`rules`]), which override both.
+//!
+//! Events without a usable stack (backward runs on the autograd thread, whose allocations have
+//! no Python frames) are placed by time: they inherit the step, op and micro-batch of the call
+//! that was running on the main thread. Categories ([`category`]) then follow from stacks and
+//! lifetimes. Frees need no labels of their own: [`crate::replay::Replay::partner`] links each
+//! to its allocation.
+
+pub mod category;
+pub mod frames;
+pub mod generic;
+mod infer;
+pub mod pipeline;
+pub mod rules;
+pub mod schedule;
+pub mod source;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::replay::Replay;
+use crate::snapshot::Snapshot;
+
+pub use category::Category;
+pub use schedule::Shape;
+
+/// Index of a label text in [`Names`]; 0 is the empty label. Sixteen bits keep a per-event
+/// label small; a program with more than 65,535 distinct label texts gets the last one
+/// (`(too many labels)`) for the rest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NameId(pub u16);
+
+/// Interned label texts.
+#[derive(Clone, Debug)]
+pub struct Names {
+    texts: Vec<String>,
+    index: HashMap<String, NameId>,
+}
+
+impl Default for Names {
+    fn default() -> Self {
+        let mut n = Names {
+            texts: Vec::new(),
+            index: HashMap::new(),
+        };
+        n.intern("");
+        n
+    }
+}
+
+impl Names {
+    /// Interns a label.
+    pub fn intern(&mut self, s: &str) -> NameId {
+        if let Some(&id) = self.index.get(s) {
+            return id;
+        }
+        if self.texts.len() >= u16::MAX as usize {
+            return self.intern_overflow();
+        }
+        let id = NameId(self.texts.len() as u16);
+        self.texts.push(s.to_string());
+        self.index.insert(s.to_string(), id);
+        id
+    }
+
+    fn intern_overflow(&mut self) -> NameId {
+        const TOO_MANY: &str = "(too many labels)";
+        if let Some(&id) = self.index.get(TOO_MANY) {
+            return id;
+        }
+        let id = NameId(u16::MAX);
+        while self.texts.len() <= u16::MAX as usize {
+            self.texts.push(TOO_MANY.to_string());
+        }
+        self.index.insert(TOO_MANY.to_string(), id);
+        id
+    }
+
+    /// Number of labels (the empty one included).
+    pub fn len(&self) -> usize {
+        self.texts.len()
+    }
+
+    /// True when only the empty label exists.
+    pub fn is_empty(&self) -> bool {
+        self.texts.len() <= 1
+    }
+
+    /// The text of a label.
+    pub fn get(&self, id: NameId) -> &str {
+        self.texts.get(id.0 as usize).map_or("", |s| s)
+    }
+}
+
+/// Broad phase of training an event belongs to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Not known.
+    #[default]
+    Other,
+    /// Forward computation.
+    Forward,
+    /// Backward computation (input or weight gradients).
+    Backward,
+    /// Optimizer step.
+    Optimizer,
+    /// Communication (p2p, collectives).
+    Communication,
+}
+
+impl Phase {
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Other => "other",
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::Optimizer => "optimizer",
+            Phase::Communication => "communication",
+        }
+    }
+}
+
+/// Pipeline step of an event: 1..=8 inside `DualPipeV.step`'s loops.
+pub const STEP_NONE: u8 = 0;
+/// In `DualPipeV.step` before the `# Step 1` loop.
+pub const STEP_BEFORE: u8 = 9;
+/// In `DualPipeV.step` after the `# Step 8` loop.
+pub const STEP_AFTER: u8 = 10;
+
+/// No micro-batch.
+pub const NO_MB: u16 = u16::MAX;
+
+/// The labels of one event.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Label {
+    /// Training step, counted from 0 at the first recorded one.
+    pub train_step: u16,
+    /// Pipeline step: [`STEP_NONE`], 1..=8, [`STEP_BEFORE`] or [`STEP_AFTER`].
+    pub pipe_step: u8,
+    /// Forward, backward, optimizer...
+    pub phase: Phase,
+    /// The op: `F0`, `B1`, `F1&B0`, `W`, `recv`, `forward`, ...
+    pub op: NameId,
+    /// Micro-batch of the forward (or only) part of the op.
+    pub mb: u16,
+    /// Micro-batch of the backward part of an overlapped op.
+    pub mb_backward: u16,
+    /// Layer stage or other place in the model.
+    pub stage: NameId,
+    /// Layer ordinal within its chunk (counted at stage-1 entries), or `u16::MAX`.
+    pub layer: u16,
+    /// Extra detail, such as the autograd node of a backward allocation.
+    pub detail: NameId,
+    /// Memory category.
+    pub category: Category,
+    /// Innermost `record_function` range active at the event.
+    pub annotation: NameId,
+    /// Index of the call (pipeline) or phase segment (generic) the event ran in.
+    pub call: u32,
+}
+
+/// Which rule set labelled a trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Preset {
+    /// DualPipeV pipelines (pithtrain).
+    Pithtrain,
+    /// Any other PyTorch program.
+    Generic,
+}
+
+/// How pipeline steps were found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "from")]
+pub enum StepSource {
+    /// From the `# Step N` comments of this file.
+    Source {
+        /// Path of the file that was read.
+        file: String,
+    },
+    /// Inferred from the order of call sites and the schedule model.
+    Inferred,
+}
+
+/// What the pithtrain preset found.
+#[derive(Clone, Debug, Serialize)]
+pub struct PipelineInfo {
+    /// Something the user should know about how steps were found.
+    pub note: Option<String>,
+    /// Where the step regions came from.
+    pub steps_from: StepSource,
+    /// Pipeline shape, when it could be inferred.
+    pub shape: Option<Shape>,
+    /// `(step, first line, last line)` of each step region of `step()`.
+    pub regions: Vec<(u8, u32, u32)>,
+    /// Recorded path of the file defining `DualPipeV.step`.
+    pub file: String,
+}
+
+/// Options for attribution.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Folders where source files are looked up (see [`source`]).
+    pub source_roots: Vec<PathBuf>,
+    /// Force a preset instead of choosing by the frames present.
+    pub preset: Option<Preset>,
+    /// Custom rules that override the preset.
+    pub rules: Option<rules::RuleSet>,
+}
+
+/// The labels of one device's trace.
+#[derive(Clone, Debug)]
+pub struct Attribution {
+    /// Device ordinal.
+    pub device: u32,
+    /// The preset used.
+    pub preset: Preset,
+    /// One label per trace event (for frees: the label of the event itself, by time).
+    pub labels: Vec<Label>,
+    /// Labels of the blocks alive before the trace ([`Replay::preexisting`]).
+    pub preexisting: Vec<Label>,
+    /// Label texts.
+    pub names: Names,
+    /// Pipeline details when the pithtrain preset was used.
+    pub pipeline: Option<PipelineInfo>,
+}
+
+impl Attribution {
+    /// Text of a pipeline step or generic phase, for tables: `step 4`, `before step 1`,
+    /// `optimizer`, ... (with a training-step prefix when the trace spans several).
+    pub fn step_text(&self, l: &Label, multi_step: bool) -> String {
+        let base = match l.pipe_step {
+            STEP_NONE if l.category == Category::PreExisting && l.call == u32::MAX => {
+                return "before the trace".to_string()
+            }
+            STEP_NONE => l.phase.as_str().to_string(),
+            STEP_BEFORE => "before step 1".to_string(),
+            STEP_AFTER => "after step 8".to_string(),
+            n => format!("step {n}"),
+        };
+        if multi_step {
+            format!("train step {} · {base}", l.train_step)
+        } else {
+            base
+        }
+    }
+
+    /// Text of an op with its micro-batches: `F1&B0 mb 3/0`, `F0 mb 2`, `backward`.
+    pub fn op_text(&self, l: &Label) -> String {
+        let op = self.names.get(l.op);
+        match (l.mb, l.mb_backward) {
+            (NO_MB, _) => op.to_string(),
+            (f, NO_MB) => format!("{op} mb {f}"),
+            (f, b) => format!("{op} mb {f}/{b}"),
+        }
+    }
+
+    /// Whether the trace spans more than one training step.
+    pub fn multi_step(&self) -> bool {
+        self.labels.iter().any(|l| l.train_step > 0)
+    }
+}
+
+/// Labels every event of one replayed device.
+pub fn attribute(snap: &Snapshot, replay: &Replay, options: &Options) -> Attribution {
+    let events = snap.trace(replay.device);
+    let mut names = Names::default();
+    let mut labels = vec![Label::default(); events.len()];
+    for l in &mut labels {
+        l.mb = NO_MB;
+        l.mb_backward = NO_MB;
+        l.layer = u16::MAX;
+    }
+    let wants_pipeline = match options.preset {
+        Some(p) => p == Preset::Pithtrain,
+        None => pipeline::detect(snap, replay.device),
+    };
+    let mut info = None;
+    let mut sources = source::SourceFiles::new(options.source_roots.clone());
+    if wants_pipeline {
+        info = pipeline::label(snap, replay, &mut sources, &mut names, &mut labels);
+    }
+    let preset = if info.is_some() {
+        Preset::Pithtrain
+    } else {
+        Preset::Generic
+    };
+    generic::label(
+        snap,
+        replay,
+        &mut names,
+        &mut labels,
+        preset == Preset::Generic,
+    );
+    let mut preexisting = vec![
+        Label {
+            mb: NO_MB,
+            mb_backward: NO_MB,
+            layer: u16::MAX,
+            call: u32::MAX,
+            ..Label::default()
+        };
+        replay.preexisting.len()
+    ];
+    category::assign(snap, replay, &names, &mut labels, &mut preexisting);
+    if let Some(rules) = &options.rules {
+        rules.apply(snap, replay, &mut names, &mut labels, &mut preexisting);
+    }
+    Attribution {
+        device: replay.device,
+        preset,
+        labels,
+        preexisting,
+        names,
+        pipeline: info,
+    }
+}

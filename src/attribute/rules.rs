@@ -1,0 +1,236 @@
+//! Custom rules: a TOML file of ordered regex rules that set labels.
+//!
+//! ```toml
+//! [[rule]]
+//! file = "models/.*\\.py$"      # regex on a frame's file (optional)
+//! function = "^attention"       # regex on the same frame's function (optional)
+//! lines = [100, 140]            # inclusive line range of that frame (optional)
+//! category = "activation"       # any of: category, stage, op, phase, detail
+//! stage = "attention"
+//! ```
+//!
+//! A rule matches an allocation when one frame of its stack satisfies all of the rule's
+//! conditions. For each label, the first matching rule that sets it wins, over the preset.
+//! Rules are compiled against the snapshot's stack table once, so each event costs a lookup.
+
+use std::collections::HashMap;
+
+use regex::Regex;
+use serde::Deserialize;
+
+use super::{Category, Label, Names, Phase};
+use crate::replay::Replay;
+use crate::snapshot::{Action, Snapshot, StackId};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    file: Option<String>,
+    function: Option<String>,
+    lines: Option<[u32; 2]>,
+    category: Option<String>,
+    stage: Option<String>,
+    op: Option<String>,
+    phase: Option<String>,
+    detail: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    rule: Vec<RawRule>,
+}
+
+#[derive(Clone, Debug)]
+struct Rule {
+    file: Option<Regex>,
+    function: Option<Regex>,
+    lines: Option<(u32, u32)>,
+    category: Option<Category>,
+    stage: Option<String>,
+    op: Option<String>,
+    phase: Option<Phase>,
+    detail: Option<String>,
+}
+
+/// Compiled custom rules.
+#[derive(Clone, Debug, Default)]
+pub struct RuleSet {
+    rules: Vec<Rule>,
+}
+
+fn parse_phase(s: &str) -> Option<Phase> {
+    Some(match s {
+        "forward" => Phase::Forward,
+        "backward" => Phase::Backward,
+        "optimizer" => Phase::Optimizer,
+        "communication" => Phase::Communication,
+        "other" => Phase::Other,
+        _ => return None,
+    })
+}
+
+impl RuleSet {
+    /// Parses rules from TOML text; errors name the rule and the field.
+    pub fn parse(text: &str) -> Result<RuleSet, String> {
+        let raw: RawFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut rules = Vec::new();
+        for (i, r) in raw.rule.into_iter().enumerate() {
+            let n = i + 1;
+            let re = |field: &str, s: &Option<String>| -> Result<Option<Regex>, String> {
+                s.as_deref()
+                    .map(|p| Regex::new(p).map_err(|e| format!("rule {n}: {field}: {e}")))
+                    .transpose()
+            };
+            let category = r
+                .category
+                .as_deref()
+                .map(|c| Category::parse(c).ok_or(format!("rule {n}: unknown category {c:?}")))
+                .transpose()?;
+            let phase = r
+                .phase
+                .as_deref()
+                .map(|p| parse_phase(p).ok_or(format!("rule {n}: unknown phase {p:?}")))
+                .transpose()?;
+            if r.category.is_none()
+                && r.stage.is_none()
+                && r.op.is_none()
+                && r.phase.is_none()
+                && r.detail.is_none()
+            {
+                return Err(format!("rule {n} sets no label"));
+            }
+            rules.push(Rule {
+                file: re("file", &r.file)?,
+                function: re("function", &r.function)?,
+                lines: r.lines.map(|[a, b]| (a, b)),
+                category,
+                stage: r.stage,
+                op: r.op,
+                phase,
+                detail: r.detail,
+            });
+        }
+        Ok(RuleSet { rules })
+    }
+
+    fn matches(&self, rule: &Rule, snap: &Snapshot, stack: StackId) -> bool {
+        snap.stacks.stack(stack).iter().any(|&id| {
+            let f = snap.stacks.frame(id);
+            rule.file
+                .as_ref()
+                .is_none_or(|r| r.is_match(snap.str(f.filename)))
+                && rule
+                    .function
+                    .as_ref()
+                    .is_none_or(|r| r.is_match(snap.str(f.name)))
+                && rule.lines.is_none_or(|(a, b)| a <= f.line && f.line <= b)
+        })
+    }
+
+    /// The overrides for one stack: for each label, the first rule that sets it.
+    fn resolve(&self, snap: &Snapshot, stack: StackId) -> Vec<usize> {
+        (0..self.rules.len())
+            .filter(|&i| self.matches(&self.rules[i], snap, stack))
+            .collect()
+    }
+
+    fn set(&self, matched: &[usize], names: &mut Names, l: &mut Label) {
+        let mut done = [false; 5];
+        for &i in matched {
+            let r = &self.rules[i];
+            if let (false, Some(c)) = (done[0], r.category) {
+                l.category = c;
+                done[0] = true;
+            }
+            if let (false, Some(s)) = (done[1], &r.stage) {
+                l.stage = names.intern(s);
+                done[1] = true;
+            }
+            if let (false, Some(s)) = (done[2], &r.op) {
+                l.op = names.intern(s);
+                done[2] = true;
+            }
+            if let (false, Some(p)) = (done[3], r.phase) {
+                l.phase = p;
+                done[3] = true;
+            }
+            if let (false, Some(s)) = (done[4], &r.detail) {
+                l.detail = names.intern(s);
+                done[4] = true;
+            }
+        }
+    }
+
+    /// Applies the rules to every allocation and pre-existing block.
+    pub(crate) fn apply(
+        &self,
+        snap: &Snapshot,
+        replay: &Replay,
+        names: &mut Names,
+        labels: &mut [Label],
+        preexisting: &mut [Label],
+    ) {
+        let mut cache: HashMap<StackId, Vec<usize>> = HashMap::new();
+        let events = snap.trace(replay.device);
+        for (i, e) in events.iter().enumerate() {
+            if e.action != Action::Alloc {
+                continue;
+            }
+            let matched = cache
+                .entry(e.stack)
+                .or_insert_with(|| self.resolve(snap, e.stack))
+                .clone();
+            self.set(&matched, names, &mut labels[i]);
+        }
+        for (k, p) in replay.preexisting.iter().enumerate() {
+            let matched = cache
+                .entry(p.stack)
+                .or_insert_with(|| self.resolve(snap, p.stack))
+                .clone();
+            self.set(&matched, names, &mut preexisting[k]);
+        }
+        // frees follow their allocation's category
+        for i in 0..events.len() {
+            if events[i].action != Action::Alloc {
+                let p = replay.partner[i];
+                if p != crate::replay::NONE && p & crate::replay::PREEXISTING == 0 {
+                    labels[i].category = labels[p as usize].category;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_rules_and_report_errors() {
+        let ok = RuleSet::parse(
+            r#"
+            [[rule]]
+            file = "models/.*\\.py$"
+            function = "^attn"
+            lines = [10, 20]
+            category = "activation"
+            stage = "attention"
+            [[rule]]
+            function = "adam"
+            phase = "optimizer"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(ok.rules.len(), 2);
+        assert_eq!(ok.rules[0].lines, Some((10, 20)));
+        let e = RuleSet::parse("[[rule]]\nfunction = \"(\"\nstage = \"x\"").unwrap_err();
+        assert!(e.starts_with("rule 1: function:"), "{e}");
+        let e = RuleSet::parse("[[rule]]\ncategory = \"weights\"").unwrap_err();
+        assert!(e.contains("unknown category"), "{e}");
+        let e = RuleSet::parse("[[rule]]\nfile = \"x\"").unwrap_err();
+        assert!(e.contains("sets no label"), "{e}");
+        assert!(RuleSet::parse("[[rule]]\nbogus = 1").is_err());
+    }
+}

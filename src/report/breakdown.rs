@@ -1,0 +1,338 @@
+//! What memory was made of: the live blocks at a moment grouped by a label, the per-step
+//! table, and the allocation sites live at the peak.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use crate::attribute::{frames, Attribution, Category, Label};
+use crate::replay::{Replay, NONE};
+use crate::snapshot::{Action, Snapshot, StackId};
+
+/// A dimension to group memory by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dimension {
+    /// Memory category.
+    Category,
+    /// Pipeline step (or generic phase) with the op and micro-batch.
+    Step,
+    /// Op and micro-batch alone.
+    Op,
+    /// Layer stage or model place.
+    Stage,
+    /// Allocation site (innermost program frames).
+    Site,
+    /// Forward / backward / optimizer.
+    Phase,
+    /// Innermost `record_function` range.
+    Annotation,
+}
+
+impl Dimension {
+    /// Every dimension.
+    pub const ALL: [Dimension; 7] = [
+        Dimension::Category,
+        Dimension::Step,
+        Dimension::Op,
+        Dimension::Stage,
+        Dimension::Site,
+        Dimension::Phase,
+        Dimension::Annotation,
+    ];
+
+    /// Name as on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dimension::Category => "category",
+            Dimension::Step => "step",
+            Dimension::Op => "op",
+            Dimension::Stage => "stage",
+            Dimension::Site => "site",
+            Dimension::Phase => "phase",
+            Dimension::Annotation => "annotation",
+        }
+    }
+
+    /// Parses a command-line name.
+    pub fn parse(s: &str) -> Option<Dimension> {
+        Dimension::ALL.into_iter().find(|d| d.as_str() == s)
+    }
+}
+
+/// Turns labels into group names for one dimension.
+pub struct Keyer<'a> {
+    snap: &'a Snapshot,
+    attribution: &'a Attribution,
+    multi: bool,
+    sites: HashMap<StackId, String>,
+}
+
+impl<'a> Keyer<'a> {
+    /// A keyer for one device.
+    pub fn new(snap: &'a Snapshot, attribution: &'a Attribution) -> Keyer<'a> {
+        Keyer {
+            snap,
+            attribution,
+            multi: attribution.multi_step(),
+            sites: HashMap::new(),
+        }
+    }
+
+    /// The group of an allocation with label `l` and stack `stack` in dimension `d`.
+    pub fn key(&mut self, d: Dimension, l: &Label, stack: StackId) -> String {
+        let a = self.attribution;
+        let before_trace = l.category == Category::PreExisting && l.call == u32::MAX;
+        if before_trace && !matches!(d, Dimension::Category | Dimension::Site) {
+            return "before the trace".to_string();
+        }
+        let text = match d {
+            Dimension::Category => l.category.as_str().to_string(),
+            Dimension::Step => {
+                let step = a.step_text(l, self.multi);
+                let op = a.op_text(l);
+                if op.is_empty() || op == l.phase.as_str() {
+                    step
+                } else {
+                    format!("{step} · {op}")
+                }
+            }
+            Dimension::Op => a.op_text(l),
+            Dimension::Stage => a.names.get(l.stage).to_string(),
+            Dimension::Site => {
+                let snap = self.snap;
+                let site = self
+                    .sites
+                    .entry(stack)
+                    .or_insert_with(|| frames::site(snap, stack, 3))
+                    .clone();
+                if site == "<no frames>" && l.phase == crate::attribute::Phase::Backward {
+                    "<no frames: backward on the autograd thread>".to_string()
+                } else if site == "<no frames>" && before_trace {
+                    "<no frames: allocated before recording>".to_string()
+                } else {
+                    site
+                }
+            }
+            Dimension::Phase => l.phase.as_str().to_string(),
+            Dimension::Annotation => a.names.get(l.annotation).to_string(),
+        };
+        if text.is_empty() {
+            "(none)".to_string()
+        } else {
+            text
+        }
+    }
+}
+
+/// One group of a breakdown.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Share {
+    /// Group name.
+    pub label: String,
+    /// Bytes.
+    pub bytes: u64,
+    /// Allocations.
+    pub count: u64,
+}
+
+/// Live allocations at one moment: `(bytes, label, stack)` for each.
+pub fn live_at<'a>(
+    snap: &Snapshot,
+    replay: &Replay,
+    attribution: &'a Attribution,
+    at: Option<usize>,
+) -> Vec<(u64, &'a Label, StackId)> {
+    let events = snap.trace(replay.device);
+    let mut out = Vec::new();
+    for (k, p) in replay.preexisting.iter().enumerate() {
+        let freed_before = p.freed_at != NONE && at.is_some_and(|i| (p.freed_at as usize) <= i);
+        if p.live && !freed_before {
+            out.push((p.size, &attribution.preexisting[k], p.stack));
+        }
+    }
+    if let Some(at) = at {
+        for (i, e) in events.iter().enumerate().take(at + 1) {
+            if e.action != Action::Alloc {
+                continue;
+            }
+            let free = replay.partner[i];
+            if free == NONE || free as usize > at {
+                out.push((replay.bytes[i], &attribution.labels[i], e.stack));
+            }
+        }
+    }
+    out
+}
+
+/// Groups live allocations by a dimension, largest first.
+pub fn group(keyer: &mut Keyer, d: Dimension, live: &[(u64, &Label, StackId)]) -> Vec<Share> {
+    let mut by: HashMap<String, (u64, u64)> = HashMap::new();
+    for &(bytes, l, stack) in live {
+        let e = by.entry(keyer.key(d, l, stack)).or_default();
+        e.0 += bytes;
+        e.1 += 1;
+    }
+    let mut out: Vec<Share> = by
+        .into_iter()
+        .map(|(label, (bytes, count))| Share {
+            label,
+            bytes,
+            count,
+        })
+        .collect();
+    out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.label.cmp(&b.label)));
+    out
+}
+
+/// One row of the per-step table: a contiguous stretch of the trace in one pipeline step (or,
+/// outside a pipeline, one phase of one training step).
+#[derive(Clone, Debug, Serialize)]
+pub struct StepRow {
+    /// Training step, from 0.
+    pub train_step: u16,
+    /// Pipeline step 1..=8 (0 outside a pipeline; 9 before step 1; 10 after step 8).
+    pub step: u8,
+    /// Display name: `step 4`, `optimizer`, ...
+    pub label: String,
+    /// Loop iterations the schedule gives this step, when known.
+    pub iterations: Option<u32>,
+    /// First and last event (inclusive).
+    pub first_event: usize,
+    /// Last event of the row.
+    pub last_event: usize,
+    /// Allocated bytes just before the first event.
+    pub start_allocated_bytes: u64,
+    /// Allocated bytes after the last event.
+    pub end_allocated_bytes: u64,
+    /// Highest allocated bytes inside the row.
+    pub peak_allocated_bytes: u64,
+    /// Event at that peak.
+    pub peak_event_index: usize,
+    /// Allocated bytes at the end of each loop iteration, when iterations can be told apart.
+    pub iteration_end_allocated_bytes: Vec<u64>,
+    /// Categories of the memory live at the row's peak, largest first.
+    pub peak_categories: Vec<Share>,
+}
+
+/// Builds the per-step table.
+pub fn step_table(snap: &Snapshot, replay: &Replay, a: &Attribution) -> Vec<StepRow> {
+    let n = replay.len();
+    let multi = a.multi_step();
+    let mut rows: Vec<StepRow> = Vec::new();
+    let mut i = 0;
+    let shape = a.pipeline.as_ref().and_then(|p| p.shape);
+    while i < n {
+        let l = a.labels[i];
+        let key = |l: &Label| {
+            (
+                l.train_step,
+                l.pipe_step,
+                if l.pipe_step == 0 {
+                    l.phase
+                } else {
+                    Default::default()
+                },
+            )
+        };
+        let k = key(&l);
+        let mut j = i;
+        while j + 1 < n && key(&a.labels[j + 1]) == k {
+            j += 1;
+        }
+        // A pipeline row ends at the last event of its step; stray events outside the pipeline
+        // (another thread) inside it are absorbed.
+        let start = if i == 0 {
+            replay.start.allocated
+        } else {
+            replay.allocated[i - 1]
+        };
+        let (mut peak, mut peak_at) = (replay.allocated[i], i);
+        for (e, &v) in replay.allocated.iter().enumerate().take(j + 1).skip(i) {
+            if v > peak {
+                peak = v;
+                peak_at = e;
+            }
+        }
+        let label = a.step_text(&l, multi);
+        let iterations = match (shape, l.pipe_step) {
+            (Some(s), 1..=8) => Some(s.iterations()[l.pipe_step as usize - 1]),
+            _ => None,
+        };
+        let live = live_at(snap, replay, a, Some(peak_at));
+        let mut keyer = Keyer::new(snap, a);
+        rows.push(StepRow {
+            train_step: l.train_step,
+            step: l.pipe_step,
+            label,
+            iterations,
+            first_event: i,
+            last_event: j,
+            start_allocated_bytes: start,
+            end_allocated_bytes: replay.allocated[j],
+            peak_allocated_bytes: peak,
+            peak_event_index: peak_at,
+            iteration_end_allocated_bytes: iteration_ends(replay, a, i, j),
+            peak_categories: group(&mut keyer, Dimension::Category, &live),
+        });
+        i = j + 1;
+    }
+    merge_small_rows(rows)
+}
+
+/// Rows of a few events between two rows of the same step (a stray free from another thread)
+/// are folded into their neighbours so the table reads as one row per step.
+fn merge_small_rows(rows: Vec<StepRow>) -> Vec<StepRow> {
+    let mut out: Vec<StepRow> = Vec::new();
+    for row in rows {
+        if let Some(last) = out.last_mut() {
+            if last.step == row.step && last.train_step == row.train_step && last.label == row.label
+            {
+                if row.peak_allocated_bytes > last.peak_allocated_bytes {
+                    last.peak_allocated_bytes = row.peak_allocated_bytes;
+                    last.peak_event_index = row.peak_event_index;
+                    last.peak_categories = row.peak_categories;
+                }
+                last.last_event = row.last_event;
+                last.end_allocated_bytes = row.end_allocated_bytes;
+                last.iteration_end_allocated_bytes
+                    .extend(row.iteration_end_allocated_bytes);
+                continue;
+            }
+        }
+        out.push(row);
+    }
+    out
+}
+
+/// Allocated bytes at the end of each loop iteration of a pipeline step: an iteration ends
+/// with the last call of the step's last call site.
+fn iteration_ends(replay: &Replay, a: &Attribution, first: usize, last: usize) -> Vec<u64> {
+    if a.labels[first].pipe_step == 0 || a.labels[first].pipe_step > 8 {
+        return Vec::new();
+    }
+    // calls in order, and the op of the last call site
+    let mut calls: Vec<(u32, usize, usize)> = Vec::new();
+    for i in first..=last {
+        let c = a.labels[i].call;
+        match calls.last_mut() {
+            Some(x) if x.0 == c => x.2 = i,
+            _ => calls.push((c, i, i)),
+        }
+    }
+    let Some(&(_, _, _)) = calls.last() else {
+        return Vec::new();
+    };
+    let last_op = a.labels[calls.last().expect("non-empty").1].op;
+    let ends: Vec<usize> = calls
+        .iter()
+        .filter(|c| a.labels[c.1].op == last_op)
+        .map(|c| c.2)
+        .collect();
+    ends.into_iter().map(|e| replay.allocated[e]).collect()
+}
+
+/// Turns a breakdown into a `label -> bytes` map (for JSON).
+pub fn as_map(shares: &[Share]) -> BTreeMap<String, u64> {
+    shares.iter().map(|s| (s.label.clone(), s.bytes)).collect()
+}
