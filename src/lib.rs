@@ -26,6 +26,7 @@
 #![warn(unreachable_pub)]
 
 pub mod attribute;
+pub mod chart;
 mod error;
 pub mod pickle;
 pub mod replay;

@@ -97,25 +97,33 @@ pub fn user_frames<'a>(snap: &'a Snapshot, stack: StackId) -> impl Iterator<Item
 }
 
 /// The autograd node that made a backward allocation, from C++ frames such as
-/// `torch::autograd::generated::MmBackward0::apply(...)`: `MmBackward0`.
+/// `torch::autograd::generated::MmBackward0::apply(...)`: `MmBackward0`. Helper frames
+/// (`generated::details::mm_mat2_backward`) are passed over for the node itself.
 pub fn autograd_node(snap: &Snapshot, stack: StackId) -> Option<String> {
+    let mut fallback = None;
     for &id in snap.stacks.stack(stack) {
         let name = snap.str(snap.stacks.frame(id).name);
         if let Some(rest) = name.split("autograd::generated::").nth(1) {
-            let node: String = rest
+            let ident: String = rest
                 .chars()
                 .take_while(|c| c.is_alphanumeric() || *c == '_')
                 .collect();
-            let node = node.strip_suffix("_apply_functional").unwrap_or(&node);
-            if !node.is_empty() {
-                return Some(node.to_string());
+            let ident = ident.strip_suffix("_apply_functional").unwrap_or(&ident);
+            let is_node = ident
+                .trim_end_matches(|c: char| c.is_ascii_digit())
+                .ends_with("Backward");
+            if is_node {
+                return Some(ident.to_string());
+            }
+            if fallback.is_none() && !ident.is_empty() && ident != "details" {
+                fallback = Some(ident.to_string());
             }
         }
         if name.contains("AccumulateGrad") {
             return Some("AccumulateGrad".to_string());
         }
     }
-    None
+    fallback
 }
 
 /// Whether a stack runs inside the autograd engine's C++ thread.

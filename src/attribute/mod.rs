@@ -147,7 +147,7 @@ pub const STEP_AFTER: u8 = 10;
 pub const NO_MB: u16 = u16::MAX;
 
 /// The labels of one event.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Label {
     /// Training step, counted from 0 at the first recorded one.
     pub train_step: u16,

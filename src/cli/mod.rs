@@ -2,6 +2,7 @@
 //! library options here, once; the library never sees clap.
 
 mod report;
+mod timeline;
 
 use std::io::{self, Write};
 
@@ -21,8 +22,11 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Summarise snapshots: memory at trace start, at the peak and at the end.
+    /// Summarise snapshots: memory at trace start, at the peak and at the end, and what the
+    /// peak was made of.
     Report(report::ReportArgs),
+    /// Draw memory over time as a PNG or SVG chart.
+    Timeline(timeline::TimelineArgs),
 }
 
 /// How bytes are counted (`--sizes`).
@@ -102,6 +106,7 @@ impl InputArgs {
 pub fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Report(args) => report::run(args),
+        Command::Timeline(args) => timeline::run(args),
     };
     match result {
         Ok(code) => code,
@@ -141,9 +146,30 @@ mod tests {
     #[test]
     fn report_parses() {
         let cli = Cli::try_parse_from(["memsnap", "report", "a.pickle", "--json"]).unwrap();
-        let Command::Report(args) = cli.command;
+        let Command::Report(args) = cli.command else {
+            panic!("not report")
+        };
         assert!(args.json);
         assert_eq!(args.files.len(), 1);
         assert!(Cli::try_parse_from(["memsnap", "report"]).is_err());
+    }
+
+    #[test]
+    fn timeline_parses() {
+        let cli = Cli::try_parse_from([
+            "memsnap", "timeline", "a.pickle", "-o", "t.svg", "--by", "step", "--x", "events",
+            "--width", "800",
+        ])
+        .unwrap();
+        let Command::Timeline(args) = cli.command else {
+            panic!("not timeline")
+        };
+        let o = args.chart_options();
+        assert_eq!(o.width, 800);
+        assert_eq!(o.by, memsnap::report::breakdown::Dimension::Step);
+        assert_eq!(o.x, memsnap::chart::XAxis::Events);
+        assert!(
+            Cli::try_parse_from(["memsnap", "timeline", "a", "-o", "t.png", "--by", "x"]).is_err()
+        );
     }
 }

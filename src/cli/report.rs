@@ -27,9 +27,12 @@ pub struct ReportArgs {
     /// Rows per table.
     #[arg(long, default_value_t = 8)]
     pub top: usize,
+    /// Also draw a timeline chart of each device into this folder (PNG).
+    #[arg(long, value_name = "DIR")]
+    pub png: Option<PathBuf>,
 }
 
-fn parse_dimension(s: &str) -> Result<Dimension, String> {
+pub fn parse_dimension(s: &str) -> Result<Dimension, String> {
     Dimension::parse(s).ok_or_else(|| {
         format!("unknown dimension {s:?}; use category, step, op, stage, site, phase or annotation")
     })
@@ -63,6 +66,9 @@ pub fn run(args: ReportArgs) -> io::Result<ExitCode> {
         };
         let name = path.display().to_string();
         let rep = FileReport::new(&name, &snap, &options);
+        if let Some(dir) = &args.png {
+            failed |= !draw_charts(dir, path, &name, &snap, &options);
+        }
         if args.json {
             report::json::write(&mut out, &rep)?;
         } else {
@@ -75,4 +81,42 @@ pub fn run(args: ReportArgs) -> io::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Draws one timeline per device next to the report; false if one could not be drawn.
+fn draw_charts(
+    dir: &std::path::Path,
+    path: &std::path::Path,
+    name: &str,
+    snap: &memsnap::snapshot::Snapshot,
+    options: &report::Options,
+) -> bool {
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        complain(&memsnap::Error::new(dir, memsnap::ErrorKind::Io(e)));
+        return false;
+    }
+    let stem = path
+        .file_name()
+        .map_or("snapshot".into(), |n| n.to_string_lossy().into_owned());
+    let stem = stem
+        .trim_end_matches(".xz")
+        .trim_end_matches(".gz")
+        .trim_end_matches(".zst")
+        .trim_end_matches(".pickle")
+        .to_string();
+    let chart_options = memsnap::chart::Options::default();
+    let mut ok = true;
+    for d in snap.devices_with_events() {
+        let replay = memsnap::replay::replay(snap, d, options.model);
+        let a = memsnap::attribute::attribute(snap, &replay, &options.attribution);
+        let out = dir.join(format!("{stem}-device{d}-timeline.png"));
+        match memsnap::chart::timeline(&out, name, snap, &replay, &a, &chart_options) {
+            Ok(_) => eprintln!("memsnap: wrote {}", out.display()),
+            Err(e) => {
+                complain(&e);
+                ok = false;
+            }
+        }
+    }
+    ok
 }

@@ -240,31 +240,7 @@ impl DeviceReport {
             .into_iter()
             .take(options.top.max(1) * 3)
             .collect();
-        let place = match peak.event {
-            Some(i) => {
-                let events = snap.trace(r.device);
-                // The allocation that reached the peak is the event itself, or the newest
-                // live allocation before it.
-                let owner = (0..=i)
-                    .rev()
-                    .find(|&k| events[k].action == crate::snapshot::Action::Alloc)
-                    .unwrap_or(i);
-                let l = &a.labels[owner];
-                PeakPlace {
-                    step: a.step_text(l, a.multi_step()),
-                    op: a.op_text(l),
-                    stage: a.names.get(l.stage).to_string(),
-                    category: l.category.as_str().to_string(),
-                    layer: (l.layer != u16::MAX).then_some(l.layer),
-                    site: attribute::frames::site(snap, events[owner].stack, 4),
-                    detail: a.names.get(l.detail).to_string(),
-                }
-            }
-            None => PeakPlace {
-                step: "before the trace".into(),
-                ..PeakPlace::default()
-            },
-        };
+        let place = Self::peak_place(snap, r, a);
         let reserved_at_peak = r.reserved_at(peak.event);
         DeviceReport {
             device: r.device,
@@ -304,6 +280,34 @@ impl DeviceReport {
             steps: breakdown::step_table(snap, r, a),
             show: options.by.clone(),
             top: options.top,
+        }
+    }
+}
+
+impl DeviceReport {
+    /// Where the allocated peak was reached: the labels of the allocation that reached it (the
+    /// event itself, or the newest allocation before it when the peak event is a free).
+    pub fn peak_place(snap: &Snapshot, r: &Replay, a: &Attribution) -> PeakPlace {
+        let Some(i) = r.peaks.allocated.event else {
+            return PeakPlace {
+                step: "before the trace".into(),
+                ..PeakPlace::default()
+            };
+        };
+        let events = snap.trace(r.device);
+        let owner = (0..=i)
+            .rev()
+            .find(|&k| events[k].action == crate::snapshot::Action::Alloc)
+            .unwrap_or(i);
+        let l = &a.labels[owner];
+        PeakPlace {
+            step: a.step_text(l, a.multi_step()),
+            op: a.op_text(l),
+            stage: a.names.get(l.stage).to_string(),
+            category: l.category.as_str().to_string(),
+            layer: (l.layer != u16::MAX).then_some(l.layer),
+            site: attribute::frames::site(snap, events[owner].stack, 4),
+            detail: a.names.get(l.detail).to_string(),
         }
     }
 }
