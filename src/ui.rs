@@ -46,3 +46,30 @@ impl Drop for LoadProgress {
         }
     }
 }
+
+/// A progress bar counting files (for `compare`); hidden when stderr is not a terminal.
+pub struct FilesProgress {
+    bar: ProgressBar,
+}
+
+impl FilesProgress {
+    /// A bar for `n` files.
+    pub fn new(n: u64) -> FilesProgress {
+        let bar = ProgressBar::with_draw_target(Some(n), ProgressDrawTarget::stderr());
+        let style = ProgressStyle::with_template("reading snapshots {wide_bar} {pos}/{len} {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        FilesProgress { bar }
+    }
+
+    /// One more file done.
+    pub fn done_one(&self) {
+        self.bar.inc(1);
+    }
+}
+
+impl Drop for FilesProgress {
+    fn drop(&mut self) {
+        self.bar.finish_and_clear();
+    }
+}

@@ -2,6 +2,7 @@
 
 mod attribution;
 mod chart;
+mod compare;
 mod errors;
 mod report;
 mod util;

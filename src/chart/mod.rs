@@ -14,7 +14,7 @@ pub mod series;
 
 use std::path::Path;
 
-pub use draw::ChartInfo;
+pub use draw::{panel, render_panels, ChartInfo, Panel};
 pub use series::XAxis;
 
 use crate::attribute::Attribution;

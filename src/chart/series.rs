@@ -81,10 +81,7 @@ pub fn build(
     if replay.start.allocated > 0 || !replay.preexisting.is_empty() {
         groups.push(before.clone());
     }
-    let candidates = ranked
-        .iter()
-        .map(|s| s.label.clone())
-        .chain(elsewhere);
+    let candidates = ranked.iter().map(|s| s.label.clone()).chain(elsewhere);
     for label in candidates {
         if groups.len() >= max_groups {
             break;

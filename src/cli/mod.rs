@@ -1,6 +1,7 @@
 //! Command-line arguments (clap) and one function per command. Arguments are turned into
 //! library options here, once; the library never sees clap.
 
+mod compare;
 mod report;
 mod timeline;
 
@@ -27,6 +28,8 @@ enum Command {
     Report(report::ReportArgs),
     /// Draw memory over time as a PNG or SVG chart.
     Timeline(timeline::TimelineArgs),
+    /// Compare two snapshots side by side, or a folder of ranks in one table.
+    Compare(compare::CompareArgs),
 }
 
 /// How bytes are counted (`--sizes`).
@@ -107,6 +110,7 @@ pub fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Report(args) => report::run(args),
         Command::Timeline(args) => timeline::run(args),
+        Command::Compare(args) => compare::run(args),
     };
     match result {
         Ok(code) => code,

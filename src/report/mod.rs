@@ -5,6 +5,7 @@
 //! Nothing here reads the terminal or formats numbers outside [`crate::units`].
 
 pub mod breakdown;
+pub mod compare;
 pub mod json;
 pub mod text;
 
