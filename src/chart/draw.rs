@@ -100,20 +100,8 @@ pub fn panel(
     let peak = replay.peaks.allocated;
     let peak_x = peak.event.map_or(s.x_range.0, |i| s.x_of_event[i]);
     let place = crate::report::DeviceReport::peak_place(snap, replay, a);
-    let mut what = vec![
-        format!("peak {}", units::bytes(peak.bytes)),
-        place.step.clone(),
-    ];
-    if !place.op.is_empty() && !place.step.ends_with(&place.op) {
-        what.push(place.op.clone());
-    }
-    if place.stage.starts_with("backward (") {
-        if !place.detail.is_empty() {
-            what.push(place.detail.clone());
-        }
-    } else if !place.stage.is_empty() {
-        what.push(place.stage.clone());
-    }
+    let mut what = vec![format!("peak {}", units::bytes(peak.bytes))];
+    what.extend(place.summary_parts());
     let live = breakdown::live_at(snap, replay, a, peak.event);
     let mut keyer = breakdown::Keyer::new(snap, a);
     let made_of = breakdown::group(&mut keyer, breakdown::Dimension::Category, &live)

@@ -344,18 +344,7 @@ impl Ranks {
 }
 
 fn place(p: &PeakPlace) -> String {
-    let mut parts = vec![p.step.clone()];
-    if !p.op.is_empty() && !p.step.ends_with(&p.op) {
-        parts.push(p.op.clone());
-    }
-    if p.stage.starts_with("backward (") {
-        if !p.detail.is_empty() {
-            parts.push(p.detail.clone());
-        }
-    } else if !p.stage.is_empty() {
-        parts.push(p.stage.clone());
-    }
-    parts.join(" · ")
+    p.summary_parts().join(" · ")
 }
 
 /// Keeps the end of a long label (the innermost frames of a site).

@@ -61,6 +61,25 @@ pub struct PeakPlace {
     pub detail: String,
 }
 
+impl PeakPlace {
+    /// The place in a few words: step, op (unless the step already names it), then the stage,
+    /// or for a backward stage its autograd node.
+    pub fn summary_parts(&self) -> Vec<String> {
+        let mut parts = vec![self.step.clone()];
+        if !self.op.is_empty() && !self.step.ends_with(&self.op) {
+            parts.push(self.op.clone());
+        }
+        if self.stage.starts_with("backward (") {
+            if !self.detail.is_empty() {
+                parts.push(self.detail.clone());
+            }
+        } else if !self.stage.is_empty() {
+            parts.push(self.stage.clone());
+        }
+        parts
+    }
+}
+
 /// How the trace was labelled.
 #[derive(Clone, Debug, Serialize)]
 pub struct AttributionSummary {
