@@ -488,3 +488,68 @@ fn source_and_inference_label_every_event_alike() {
         }
     }
 }
+
+/// The per-step table's "peak is mostly" column, computed in one sweep, equals grouping the
+/// blocks live at each step's peak one by one.
+#[test]
+fn step_peak_categories_equal_the_live_blocks_at_each_peak() {
+    use memsnap::report::breakdown::{categories_at, group, live_at, step_table, Dimension, Keyer};
+    let mut files = vec![
+        testdata("snapshots/single-gpu/memory_snapshot_rank0_step1.pickle.xz"),
+        testdata("snapshots/fsdp/memory_snapshot_rank0_step1.pickle.xz"),
+        testdata("snapshots/pithtrain-peak/memory_snapshot_rank1_peak_step0.pickle.xz"),
+    ];
+    if let Some(dir) = shared() {
+        for f in [
+            "pp2-stacks-all/memory_snapshot_rank0_step0.pickle.xz",
+            "ep2-two-steps/memory_snapshot_rank0_steps0-1.pickle.xz",
+            "ring-buffer-wrapped/memory_snapshot_rank0_ring100k_step0.pickle.xz",
+            "oom/memory_snapshot_rank0_oom.pickle.xz",
+            "fixtures-torch-2.11/streams.pickle",
+            "fixtures-torch-2.11/pending_free_end.pickle",
+            "fixtures-torch-2.11/multi_gpu.pickle",
+        ] {
+            files.push(dir.join(f));
+        }
+    }
+    let mut checked = 0;
+    for file in files {
+        let snap = memsnap::snapshot::Snapshot::open(&file).unwrap();
+        for device in snap.devices_with_events() {
+            let replay = memsnap::replay::replay(&snap, device, Default::default());
+            let a = memsnap::attribute::attribute(&snap, &replay, &Default::default());
+            let rows = step_table(&snap, &replay, &a);
+            let points: Vec<usize> = (0..replay.len()).step_by(997).collect();
+            let swept = categories_at(&snap, &replay, &a, &points);
+            let mut keyer = Keyer::new(&snap, &a);
+            let expect = |at: usize, keyer: &mut Keyer| {
+                group(
+                    keyer,
+                    Dimension::Category,
+                    &live_at(&snap, &replay, &a, Some(at)),
+                )
+            };
+            for row in &rows {
+                let want = expect(row.peak_event_index, &mut keyer);
+                assert_eq!(
+                    row.peak_categories,
+                    want,
+                    "{} {}",
+                    file.display(),
+                    row.label
+                );
+                checked += 1;
+            }
+            for (&at, got) in points.iter().zip(&swept) {
+                assert_eq!(
+                    got,
+                    &expect(at, &mut keyer),
+                    "{} event {at}",
+                    file.display()
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 20, "{checked}");
+}

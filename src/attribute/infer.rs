@@ -176,10 +176,61 @@ fn cost(step: u8, gs: &[Group], count: Option<u32>, at_an_end: bool) -> u32 {
     }
 }
 
+/// Costs already worked out, shared by every shape tried: a dense table over (step, first
+/// group, groups taken, how the count relates to those groups, at an end). [`cost`] depends on
+/// the count only through that relation, so one entry serves every shape.
+struct CostMemo {
+    groups: usize,
+    slots: Vec<u32>,
+}
+
+const UNKNOWN: u32 = u32::MAX;
+/// The most groups worth fitting to the schedule.
+const MAX_GROUPS: usize = 64;
+const COUNT_CLASSES: usize = 6;
+
+impl CostMemo {
+    fn new(groups: usize) -> CostMemo {
+        let n = groups + 1;
+        CostMemo {
+            groups,
+            slots: vec![UNKNOWN; 10 * n * n * COUNT_CLASSES * 2],
+        }
+    }
+
+    fn cost(
+        &mut self,
+        step: u8,
+        gs: &[Group],
+        g: usize,
+        take: usize,
+        count: Option<u32>,
+        at_an_end: bool,
+    ) -> u32 {
+        let taken = &gs[g..g + take];
+        let iterations = taken.last().and_then(|m| m.iterations);
+        // Every distinction `cost` makes about the count: absent, zero, one, or more, and
+        // whether it equals the iterations of the last group taken.
+        let class = match count {
+            None => 0,
+            Some(0) => 1,
+            Some(1) if iterations == Some(1) => 2,
+            Some(1) => 3,
+            Some(c) if Some(c) == iterations => 4,
+            Some(_) => 5,
+        };
+        let n = self.groups + 1;
+        let i =
+            (((step as usize * n + g) * n + take) * COUNT_CLASSES + class) * 2 + at_an_end as usize;
+        if self.slots[i] == UNKNOWN {
+            self.slots[i] = cost(step, taken, count, at_an_end);
+        }
+        self.slots[i]
+    }
+}
+
 /// The best assignment of `gs` to steps 0..=9 for one shape: total cost and the number of
 /// groups each step takes.
-type CostMemo = rustc_hash::FxHashMap<(u8, u16, u16, u32, bool), u32>;
-
 fn assign(
     gs: &[Group],
     counts: [Option<u32>; 8],
@@ -203,16 +254,7 @@ fn assign(
             }
             for take in 0..=(m - g) {
                 let at_an_end = take == 0 && (g == 0 && cut.head || g == m && cut.tail);
-                let key = (
-                    s,
-                    g as u16,
-                    take as u16,
-                    count.unwrap_or(u32::MAX),
-                    at_an_end,
-                );
-                let c = *memo
-                    .entry(key)
-                    .or_insert_with(|| cost(s, &gs[g..g + take], count, at_an_end));
+                let c = memo.cost(s, gs, g, take, count, at_an_end);
                 if c >= IMPOSSIBLE {
                     continue;
                 }
@@ -256,11 +298,12 @@ pub(crate) fn infer(
     cut: Cut,
 ) -> Option<(Regions, Option<Shape>)> {
     let gs = groups(calls);
-    if gs.is_empty() {
+    // DualPipeV's `step()` makes about twenty groups; far more is some other function.
+    if gs.is_empty() || gs.len() > MAX_GROUPS {
         return None;
     }
     let mut best: Option<(u32, u32, u32, [usize; 10])> = None;
-    let mut memo = CostMemo::default();
+    let mut memo = CostMemo::new(gs.len());
     for ranks in 1..=32u32 {
         for rank in 0..ranks {
             let c = Shape {
@@ -366,6 +409,38 @@ mod tests {
             (373, Other),
         ]);
         v
+    }
+
+    #[test]
+    fn shared_cost_table_fits_every_shape_as_a_fresh_one_does() {
+        let gs = groups(&rank0());
+        let mut shared = CostMemo::new(gs.len());
+        for ranks in 1..=8u32 {
+            for rank in 0..ranks {
+                let mut counts = Shape {
+                    ranks,
+                    rank,
+                    chunks: 2 * ranks,
+                }
+                .iterations()
+                .map(Some);
+                counts[3] = None;
+                for cut in [
+                    Cut::default(),
+                    Cut {
+                        head: true,
+                        tail: true,
+                    },
+                ] {
+                    let fresh = assign(&gs, counts, cut, &mut CostMemo::new(gs.len()));
+                    assert_eq!(
+                        assign(&gs, counts, cut, &mut shared),
+                        fresh,
+                        "{ranks} {rank}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -539,6 +539,9 @@ pub(crate) fn label(
     let mut stages = Stages::new();
     let mut stage_cache: frames::PerStack<Option<(super::NameId, bool)>> =
         frames::PerStack::new(snap);
+    let mut node_cache: frames::PerStack<Option<super::NameId>> = frames::PerStack::new(snap);
+    let autograd_thread = names.intern("backward (autograd thread)");
+    let no_frames = names.intern("backward (no frames)");
     let mut layer: Vec<(u16, bool)> = vec![(0, false); calls.len()];
     for (i, e) in events.iter().enumerate() {
         let l = &mut labels[i];
@@ -575,15 +578,18 @@ pub(crate) fn label(
                 l.layer = entry.0.saturating_sub(1);
             }
         } else if !main {
-            let text = match frames::autograd_node(snap, e.stack) {
+            let node = node_cache.get(e.stack, || {
+                frames::autograd_node(snap, e.stack).map(|n| names.intern(&n))
+            });
+            let stage = match node {
                 Some(node) => {
-                    l.detail = names.intern(&node);
-                    "backward (autograd thread)"
+                    l.detail = node;
+                    autograd_thread
                 }
-                None => "backward (no frames)",
+                None => no_frames,
             };
             if l.phase == Phase::Backward {
-                l.stage = names.intern(text);
+                l.stage = stage;
             }
         }
     }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use crate::attribute::{frames, Attribution, Category, Label};
-use crate::replay::{Replay, NONE};
+use crate::replay::{Replay, NONE, PREEXISTING};
 use crate::snapshot::{Action, Snapshot, StackId};
 
 /// A dimension to group memory by.
@@ -165,6 +165,88 @@ pub fn live_at<'a>(
     out
 }
 
+/// What [`group`] by category of [`live_at`] gives at each of `points` (event indices), from
+/// one pass over the trace instead of one per point.
+pub fn categories_at(
+    snap: &Snapshot,
+    replay: &Replay,
+    attribution: &Attribution,
+    points: &[usize],
+) -> Vec<Vec<Share>> {
+    let events = snap.trace(replay.device);
+    let mut order: Vec<usize> = (0..points.len()).collect();
+    order.sort_by_key(|&k| points[k]);
+    let mut out = vec![Vec::new(); points.len()];
+    let mut sums = [(0u64, 0u64); Category::ALL.len()];
+    let slot = |c: Category| Category::ALL.iter().position(|&x| x == c).unwrap_or(0);
+    for (k, p) in replay.preexisting.iter().enumerate() {
+        if p.live {
+            let s = &mut sums[slot(attribution.preexisting[k].category)];
+            s.0 += p.size;
+            s.1 += 1;
+        }
+    }
+    // Old blocks leave at their frees, in time order.
+    let mut old_ends: Vec<(usize, usize)> = replay
+        .preexisting
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.live && p.freed_at != NONE)
+        .map(|(k, p)| (p.freed_at as usize, k))
+        .collect();
+    old_ends.sort_unstable();
+    let mut old_ends = old_ends.into_iter().peekable();
+    let mut next = order.iter().peekable();
+    for (e, ev) in events.iter().enumerate() {
+        let Some(&&first) = next.peek() else { break };
+        if points[first] < e {
+            break;
+        }
+        // An allocation is live from its event until its free's event (exclusive of neither
+        // moment it is looked at: freed at or before a point means gone).
+        let partner = replay.partner[e];
+        if ev.action == Action::Alloc && (partner == NONE || partner as usize > e) {
+            let s = &mut sums[slot(attribution.labels[e].category)];
+            s.0 += replay.bytes[e];
+            s.1 += 1;
+        } else if ev.action != Action::Alloc && partner != NONE && partner & PREEXISTING == 0 {
+            let alloc = partner as usize;
+            if alloc < e
+                && events[alloc].action == Action::Alloc
+                && replay.partner[alloc] as usize == e
+            {
+                let s = &mut sums[slot(attribution.labels[alloc].category)];
+                s.0 = s.0.saturating_sub(replay.bytes[alloc]);
+                s.1 = s.1.saturating_sub(1);
+            }
+        }
+        while let Some((_, k)) = old_ends.next_if(|&(at, _)| at == e) {
+            let s = &mut sums[slot(attribution.preexisting[k].category)];
+            s.0 = s.0.saturating_sub(replay.preexisting[k].size);
+            s.1 = s.1.saturating_sub(1);
+        }
+        while let Some(&&k) = next.peek() {
+            if points[k] != e {
+                break;
+            }
+            let mut shares: Vec<Share> = Category::ALL
+                .iter()
+                .zip(sums)
+                .filter(|(_, (_, count))| *count > 0)
+                .map(|(c, (bytes, count))| Share {
+                    label: c.as_str().to_string(),
+                    bytes,
+                    count,
+                })
+                .collect();
+            shares.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.label.cmp(&b.label)));
+            out[k] = shares;
+            next.next();
+        }
+    }
+    out
+}
+
 /// Groups live allocations by a dimension, largest first.
 pub fn group(keyer: &mut Keyer, d: Dimension, live: &[(u64, &Label, StackId)]) -> Vec<Share> {
     let mut by: HashMap<String, (u64, u64)> = HashMap::new();
@@ -259,8 +341,6 @@ pub fn step_table(snap: &Snapshot, replay: &Replay, a: &Attribution) -> Vec<Step
             (Some(s), 1..=8) => Some(s.iterations()[l.pipe_step as usize - 1]),
             _ => None,
         };
-        let live = live_at(snap, replay, a, Some(peak_at));
-        let mut keyer = Keyer::new(snap, a);
         rows.push(StepRow {
             train_step: l.train_step,
             step: l.pipe_step,
@@ -273,9 +353,13 @@ pub fn step_table(snap: &Snapshot, replay: &Replay, a: &Attribution) -> Vec<Step
             peak_allocated_bytes: peak,
             peak_event_index: peak_at,
             iteration_end_allocated_bytes: iteration_ends(replay, a, i, j),
-            peak_categories: group(&mut keyer, Dimension::Category, &live),
+            peak_categories: Vec::new(),
         });
         i = j + 1;
+    }
+    let peaks: Vec<usize> = rows.iter().map(|r| r.peak_event_index).collect();
+    for (row, shares) in rows.iter_mut().zip(categories_at(snap, replay, a, &peaks)) {
+        row.peak_categories = shares;
     }
     merge_small_rows(rows)
 }
