@@ -598,7 +598,7 @@ mod tests {
     #[test]
     fn ranks_from_file_names() {
         assert_eq!(
-            rank_from_name("/tmp/memory_snapshot_rank3_step0.pickle"),
+            rank_from_name("runs/pp4/memory_snapshot_rank3_step0.pickle"),
             Some(3)
         );
         assert_eq!(rank_from_name("rank12_memory_snapshot.pickle"), Some(12));
