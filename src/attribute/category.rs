@@ -93,8 +93,7 @@ fn is_comm_text(t: &str) -> bool {
 }
 
 fn is_comm_stack(snap: &Snapshot, stack: crate::snapshot::StackId) -> bool {
-    snap.stacks.stack(stack).iter().any(|&id| {
-        let f = snap.stacks.frame(id);
+    snap.stacks.frames(stack).any(|f| {
         let n = snap.str(f.name);
         let file = snap.str(f.filename);
         n.contains("all_to_all")
@@ -108,10 +107,9 @@ fn is_comm_stack(snap: &Snapshot, stack: crate::snapshot::StackId) -> bool {
 }
 
 fn accumulates_grad(snap: &Snapshot, stack: crate::snapshot::StackId) -> bool {
-    snap.stacks.stack(stack).iter().any(|&id| {
-        snap.str(snap.stacks.frame(id).name)
-            .contains("AccumulateGrad")
-    })
+    snap.stacks
+        .frames(stack)
+        .any(|f| snap.str(f.name).contains("AccumulateGrad"))
 }
 
 /// Facts about label texts, computed once per text.

@@ -1,6 +1,6 @@
 //! Reading stacks: which frames are noise, which are PyTorch's, which are the program's.
 
-use crate::snapshot::{Frame, FrameId, Snapshot, StackId};
+use crate::snapshot::{Frame, Snapshot, StackId};
 
 /// A value computed once per distinct stack (stack ids are dense, so this is a vector).
 #[derive(Debug)]
@@ -90,9 +90,7 @@ pub fn is_library(snap: &Snapshot, f: &Frame) -> bool {
 /// The program's own Python frames of a stack, innermost first.
 pub fn user_frames<'a>(snap: &'a Snapshot, stack: StackId) -> impl Iterator<Item = Frame> + 'a {
     snap.stacks
-        .stack(stack)
-        .iter()
-        .map(|&id| snap.stacks.frame(id))
+        .frames(stack)
         .filter(move |f| is_python(f) && !is_library(snap, f))
 }
 
@@ -101,8 +99,8 @@ pub fn user_frames<'a>(snap: &'a Snapshot, stack: StackId) -> impl Iterator<Item
 /// (`generated::details::mm_mat2_backward`) are passed over for the node itself.
 pub fn autograd_node(snap: &Snapshot, stack: StackId) -> Option<String> {
     let mut fallback = None;
-    for &id in snap.stacks.stack(stack) {
-        let name = snap.str(snap.stacks.frame(id).name);
+    for f in snap.stacks.frames(stack) {
+        let name = snap.str(f.name);
         if let Some(rest) = name.split("autograd::generated::").nth(1) {
             let ident: String = rest
                 .chars()
@@ -128,8 +126,8 @@ pub fn autograd_node(snap: &Snapshot, stack: StackId) -> Option<String> {
 
 /// Whether a stack runs inside the autograd engine's C++ thread.
 pub fn in_autograd_engine(snap: &Snapshot, stack: StackId) -> bool {
-    snap.stacks.stack(stack).iter().any(|&id| {
-        let name = snap.str(snap.stacks.frame(id).name);
+    snap.stacks.frames(stack).any(|f| {
+        let name = snap.str(f.name);
         name.contains("autograd::Engine::") || name.contains("PythonEngine::thread_init")
     })
 }
@@ -166,10 +164,9 @@ pub fn site(snap: &Snapshot, stack: StackId, depth: usize) -> String {
         }
         return out.join(";");
     }
-    let ids: &[FrameId] = snap.stacks.stack(stack);
-    if let Some(f) = ids
-        .iter()
-        .map(|&id| snap.stacks.frame(id))
+    if let Some(f) = snap
+        .stacks
+        .frames(stack)
         .find(|f| is_python(f) && !snap.str(f.filename).starts_with('<'))
     {
         return format!("torch:{}", short_frame(snap, &f));
@@ -177,7 +174,7 @@ pub fn site(snap: &Snapshot, stack: StackId, depth: usize) -> String {
     if let Some(node) = autograd_node(snap, stack) {
         return format!("<backward {node}>");
     }
-    if ids.is_empty() {
+    if snap.stacks.stack(stack).is_empty() {
         "<no frames>".to_string()
     } else {
         "<C++ only>".to_string()

@@ -34,8 +34,7 @@ fn facts(snap: &Snapshot, stack: StackId, names: &mut Names) -> Facts {
     let mut checkpoint = false;
     let mut main = false;
     let mut collective = false;
-    for &id in snap.stacks.stack(stack) {
-        let f = snap.stacks.frame(id);
+    for f in snap.stacks.frames(stack) {
         let file = snap.str(f.filename);
         let name = snap.str(f.name);
         if f.line == 0 {

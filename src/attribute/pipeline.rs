@@ -47,11 +47,9 @@ fn is_step_frame(snap: &Snapshot, f: &crate::snapshot::Frame) -> bool {
 }
 
 fn facts(snap: &Snapshot, stack: StackId) -> StackFacts {
-    let ids = snap.stacks.stack(stack);
     let mut out = StackFacts::default();
     let mut inner_python: Option<crate::snapshot::Frame> = None;
-    for &id in ids {
-        let f = snap.stacks.frame(id);
+    for f in snap.stacks.frames(stack) {
         if !frames::is_python(&f) {
             continue;
         }
@@ -89,8 +87,7 @@ struct Call {
 /// The program's frames below `step` as `(function, line)`, outermost first.
 fn below_step(snap: &Snapshot, stack: StackId) -> Vec<(crate::snapshot::StrId, u32)> {
     let mut out = Vec::new();
-    for &id in snap.stacks.stack(stack) {
-        let f = snap.stacks.frame(id);
+    for f in snap.stacks.frames(stack) {
         if is_step_frame(snap, &f) {
             break;
         }
@@ -212,12 +209,7 @@ fn stage_of_stack(
         v.reverse();
         v
     };
-    let all: Vec<crate::snapshot::Frame> = snap
-        .stacks
-        .stack(stack)
-        .iter()
-        .map(|&id| snap.stacks.frame(id))
-        .collect();
+    let all: Vec<crate::snapshot::Frame> = snap.stacks.frames(stack).collect();
     let names: Vec<&str> = user.iter().map(|f| snap.str(f.name)).collect();
     if names.contains(&"forward_prolog") {
         return Some(("embedding (prolog)".into(), false));

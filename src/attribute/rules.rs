@@ -116,8 +116,7 @@ impl RuleSet {
     }
 
     fn matches(&self, rule: &Rule, snap: &Snapshot, stack: StackId) -> bool {
-        snap.stacks.stack(stack).iter().any(|&id| {
-            let f = snap.stacks.frame(id);
+        snap.stacks.frames(stack).any(|f| {
             rule.file
                 .as_ref()
                 .is_none_or(|r| r.is_match(snap.str(f.filename)))

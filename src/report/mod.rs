@@ -207,8 +207,7 @@ pub fn stack_kind(snap: &Snapshot, device: u32) -> StackKind {
     let mut python = false;
     let mut cpp = false;
     for e in snap.trace(device) {
-        for &f in snap.stacks.stack(e.stack) {
-            let frame = snap.stacks.frame(f);
+        for frame in snap.stacks.frames(e.stack) {
             if frame.line > 0 {
                 python = true;
             } else {

@@ -111,6 +111,11 @@ impl Stacks {
         }
     }
 
+    /// The frames themselves of a stack, innermost first.
+    pub fn frames(&self, id: StackId) -> impl Iterator<Item = Frame> + '_ {
+        self.stack(id).iter().map(|&f| self.frame(f))
+    }
+
     /// Drops the lookup indices once the snapshot is built; ids stay valid.
     pub fn freeze(&mut self) {
         self.frame_index = HashMap::default();
