@@ -65,10 +65,16 @@ pub fn run(args: ReportArgs) -> io::Result<ExitCode> {
             }
         };
         let name = path.display().to_string();
-        let rep = FileReport::new(&name, &snap, &options);
-        if let Some(dir) = &args.png {
-            failed |= !draw_charts(dir, path, &name, &snap, &options);
-        }
+        let rep = match &args.png {
+            Some(dir) => {
+                let mut charts = Charts::new(dir, path, &name, &snap);
+                let rep =
+                    FileReport::with_each_device(&name, &snap, &options, |r, a| charts.draw(r, a));
+                failed |= !charts.ok;
+                rep
+            }
+            None => FileReport::new(&name, &snap, &options),
+        };
         if args.json {
             report::json::write(&mut out, &rep)?;
         } else {
@@ -83,40 +89,66 @@ pub fn run(args: ReportArgs) -> io::Result<ExitCode> {
     })
 }
 
-/// Draws one timeline per device next to the report; false if one could not be drawn.
-fn draw_charts(
-    dir: &std::path::Path,
-    path: &std::path::Path,
-    name: &str,
-    snap: &memsnap::snapshot::Snapshot,
-    options: &report::Options,
-) -> bool {
-    if let Err(e) = std::fs::create_dir_all(dir) {
-        complain(&memsnap::Error::new(dir, memsnap::ErrorKind::Io(e)));
-        return false;
+/// Timelines drawn next to the report, one per device with events.
+struct Charts<'a> {
+    dir: &'a std::path::Path,
+    stem: String,
+    name: &'a str,
+    snap: &'a memsnap::snapshot::Snapshot,
+    /// Whether the folder exists to draw into.
+    ready: bool,
+    /// False once a chart (or the folder) could not be written.
+    ok: bool,
+}
+
+impl<'a> Charts<'a> {
+    fn new(
+        dir: &'a std::path::Path,
+        path: &std::path::Path,
+        name: &'a str,
+        snap: &'a memsnap::snapshot::Snapshot,
+    ) -> Charts<'a> {
+        let ready = match std::fs::create_dir_all(dir) {
+            Ok(()) => true,
+            Err(e) => {
+                complain(&memsnap::Error::new(dir, memsnap::ErrorKind::Io(e)));
+                false
+            }
+        };
+        let stem = path
+            .file_name()
+            .map_or("snapshot".into(), |n| n.to_string_lossy().into_owned());
+        let stem = stem
+            .trim_end_matches(".xz")
+            .trim_end_matches(".gz")
+            .trim_end_matches(".zst")
+            .trim_end_matches(".pickle")
+            .to_string();
+        Charts {
+            dir,
+            stem,
+            name,
+            snap,
+            ready,
+            ok: ready,
+        }
     }
-    let stem = path
-        .file_name()
-        .map_or("snapshot".into(), |n| n.to_string_lossy().into_owned());
-    let stem = stem
-        .trim_end_matches(".xz")
-        .trim_end_matches(".gz")
-        .trim_end_matches(".zst")
-        .trim_end_matches(".pickle")
-        .to_string();
-    let chart_options = memsnap::chart::Options::default();
-    let mut ok = true;
-    for d in snap.devices_with_events() {
-        let replay = memsnap::replay::replay(snap, d, options.model);
-        let a = memsnap::attribute::attribute(snap, &replay, &options.attribution);
-        let out = dir.join(format!("{stem}-device{d}-timeline.png"));
-        match memsnap::chart::timeline(&out, name, snap, &replay, &a, &chart_options) {
+
+    fn draw(&mut self, replay: &memsnap::replay::Replay, a: &memsnap::attribute::Attribution) {
+        if !self.ready || replay.is_empty() {
+            return;
+        }
+        let out = self.dir.join(format!(
+            "{}-device{}-timeline.png",
+            self.stem, replay.device
+        ));
+        let options = memsnap::chart::Options::default();
+        match memsnap::chart::timeline(&out, self.name, self.snap, replay, a, &options) {
             Ok(_) => eprintln!("memsnap: wrote {}", out.display()),
             Err(e) => {
                 complain(&e);
-                ok = false;
+                self.ok = false;
             }
         }
     }
-    ok
 }

@@ -366,6 +366,17 @@ fn reconcile(shares: &mut Vec<Share>, total: u64, _d: Dimension, pre_label: &str
 impl FileReport {
     /// Replays, attributes and summarises every device of a snapshot.
     pub fn new(file: &str, snap: &Snapshot, options: &Options) -> FileReport {
+        Self::with_each_device(file, snap, options, |_, _| {})
+    }
+
+    /// [`FileReport::new`], handing each device's replay and attribution to `also` (to draw
+    /// it, say) so they are computed once.
+    pub fn with_each_device(
+        file: &str,
+        snap: &Snapshot,
+        options: &Options,
+        mut also: impl FnMut(&Replay, &Attribution),
+    ) -> FileReport {
         let mut devices: Vec<u32> = snap.devices_with_events().collect();
         if devices.is_empty() {
             devices = snap.devices();
@@ -375,6 +386,7 @@ impl FileReport {
             .map(|d| {
                 let r = replay::replay(snap, d, options.model);
                 let a = attribute::attribute(snap, &r, &options.attribution);
+                also(&r, &a);
                 DeviceReport::new(snap, &r, &a, options)
             })
             .collect();
