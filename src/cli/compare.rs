@@ -112,10 +112,7 @@ fn load_one(
 pub fn run(args: CompareArgs) -> io::Result<ExitCode> {
     let attribution = match args.input.attribution() {
         Ok(a) => a,
-        Err(e) => {
-            complain(&e);
-            return Ok(ExitCode::from(2));
-        }
+        Err(code) => return Ok(code),
     };
     let (files, any_dir) = expand(&args.inputs)?;
     if files.is_empty() {

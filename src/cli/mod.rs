@@ -80,8 +80,16 @@ pub struct InputArgs {
 }
 
 impl InputArgs {
-    /// The attribution options these arguments ask for.
-    pub fn attribution(&self) -> Result<memsnap::attribute::Options, memsnap::Error> {
+    /// The attribution options these arguments ask for; when they cannot be had (a rules file
+    /// that cannot be read or parsed), says why on stderr and gives the usage exit code.
+    pub fn attribution(&self) -> Result<memsnap::attribute::Options, ExitCode> {
+        self.attribution_options().map_err(|e| {
+            complain(&e);
+            ExitCode::from(2)
+        })
+    }
+
+    fn attribution_options(&self) -> Result<memsnap::attribute::Options, memsnap::Error> {
         let rules = match &self.rules {
             Some(path) => {
                 let text = std::fs::read_to_string(path)

@@ -41,10 +41,7 @@ pub fn parse_dimension(s: &str) -> Result<Dimension, String> {
 pub fn run(args: ReportArgs) -> io::Result<ExitCode> {
     let attribution = match args.input.attribution() {
         Ok(a) => a,
-        Err(e) => {
-            complain(&e);
-            return Ok(ExitCode::from(2));
-        }
+        Err(code) => return Ok(code),
     };
     let options = report::Options {
         model: args.input.sizes.into(),

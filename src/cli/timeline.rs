@@ -88,10 +88,7 @@ pub fn run(args: TimelineArgs) -> std::io::Result<ExitCode> {
     }
     let attribution = match args.input.attribution() {
         Ok(a) => a,
-        Err(e) => {
-            complain(&e);
-            return Ok(ExitCode::from(2));
-        }
+        Err(code) => return Ok(code),
     };
     let snap = match load(&args.file) {
         Ok(s) => s,
