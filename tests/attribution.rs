@@ -265,19 +265,17 @@ fn the_peak_is_named_by_step_op_micro_batch_and_stage() {
     assert_eq!(peak["stage"], "backward (autograd thread)");
     let steps = d["peak_breakdown"]["step"].as_array().unwrap();
     assert!(steps[0]["label"].as_str().unwrap().starts_with("step 4 · "));
-    let stages: Vec<&str> = d["peak_breakdown"]["stage"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["label"].as_str().unwrap())
-        .collect();
+    let stages = labels(&d["peak_breakdown"]["stage"]);
     for want in [
         "stage 1: attention + gate",
         "stage 3: experts",
         "loss",
         "before the trace",
     ] {
-        assert!(stages.contains(&want), "{want} missing in {stages:?}");
+        assert!(
+            stages.iter().any(|s| s == want),
+            "{want} missing in {stages:?}"
+        );
     }
     let text = ok(&[
         "report",
@@ -304,12 +302,7 @@ fn stages_from_source_comments() {
         &dir.join("pp2-stacks-python/memory_snapshot_rank1_py_step0.pickle.xz"),
         &["--source-root", &root.to_string_lossy()],
     );
-    let stages: Vec<String> = rep["devices"][0]["peak_breakdown"]["stage"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["label"].as_str().unwrap().to_string())
-        .collect();
+    let stages = labels(&rep["devices"][0]["peak_breakdown"]["stage"]);
     assert!(
         stages
             .iter()
@@ -324,13 +317,17 @@ fn stages_from_source_comments() {
     );
 }
 
-fn phases_of(rep: &Value) -> Vec<String> {
-    rep["devices"][0]["steps"]
-        .as_array()
+/// The `label` of each row of a JSON array (a breakdown or the step table).
+fn labels(rows: &Value) -> Vec<String> {
+    rows.as_array()
         .unwrap()
         .iter()
         .map(|r| r["label"].as_str().unwrap().to_string())
         .collect()
+}
+
+fn phases_of(rep: &Value) -> Vec<String> {
+    labels(&rep["devices"][0]["steps"])
 }
 
 #[test]
@@ -352,25 +349,15 @@ fn generic_preset_on_programs_without_a_pipeline() {
         for p in ["forward", "backward", "optimizer"] {
             assert!(phases.iter().any(|x| x == p), "{file}: {phases:?}");
         }
-        let cats: Vec<&str> = d["peak_breakdown"]["category"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s["label"].as_str().unwrap())
-            .collect();
+        let cats = labels(&d["peak_breakdown"]["category"]);
         assert!(
-            cats.contains(&"activation") && cats.contains(&"pre-existing"),
+            cats.iter().any(|c| c == "activation") && cats.iter().any(|c| c == "pre-existing"),
             "{cats:?}"
         );
         if extra == "annotation" {
-            let ann: Vec<&str> = d["peak_breakdown"]["annotation"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| s["label"].as_str().unwrap())
-                .collect();
+            let ann = labels(&d["peak_breakdown"]["annotation"]);
             assert!(
-                ann.contains(&"forward") && ann.contains(&"backward"),
+                ann.iter().any(|a| a == "forward") && ann.iter().any(|a| a == "backward"),
                 "{ann:?}"
             );
         } else {

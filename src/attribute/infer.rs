@@ -394,7 +394,14 @@ mod tests {
             (329, ForwardBackward),
             (332, ForwardBackward),
         ];
-        for _ in 0..4 {
+        v.extend(rank0_from_step4_loop(4));
+        v
+    }
+
+    /// The end of [`rank0`]: `loops` turns of step 4's loop, then steps 5 to 8 and after.
+    fn rank0_from_step4_loop(loops: usize) -> Vec<(u32, CallKind)> {
+        let mut v = Vec::new();
+        for _ in 0..loops {
             v.push((331, ForwardBackward));
             v.push((332, ForwardBackward));
         }
@@ -490,24 +497,11 @@ mod tests {
         let shape = shape.unwrap();
         assert_eq!((shape.ranks, shape.rank, shape.chunks), (2, 1, 6));
     }
-}
-
-#[cfg(test)]
-mod cut_tests {
-    use super::*;
-    use CallKind::*;
 
     #[test]
     fn a_trace_cut_by_an_oom_keeps_its_first_steps() {
         // rank 0 of P=2 ran out of memory in step 3
-        let v = vec![
-            (287, Forward),
-            (299, Forward),
-            (301, Forward),
-            (310, Backward),
-            (311, Recv),
-            (312, Weight),
-        ];
+        let v = rank0()[..6].to_vec();
         let cut = Cut {
             head: false,
             tail: true,
@@ -519,21 +513,7 @@ mod cut_tests {
 
     #[test]
     fn a_wrapped_trace_starts_late_and_has_no_shape() {
-        let mut v = Vec::new();
-        for _ in 0..3 {
-            v.push((331, ForwardBackward));
-            v.push((332, ForwardBackward));
-        }
-        v.extend([
-            (343, Backward),
-            (344, ForwardBackward),
-            (352, Backward),
-            (355, Backward),
-            (360, Weight),
-            (361, Backward),
-            (366, Weight),
-            (373, Other),
-        ]);
+        let v = rank0_from_step4_loop(3);
         let cut = Cut {
             head: true,
             tail: false,
