@@ -287,13 +287,11 @@ pub fn attribute(snap: &Snapshot, replay: &Replay, options: &Options) -> Attribu
         l.mb_backward = NO_MB;
         l.layer = u16::MAX;
     }
-    let wants_pipeline = match options.preset {
-        Some(p) => p == Preset::Pithtrain,
-        None => pipeline::detect(snap, replay.device),
-    };
     let mut info = None;
     let mut sources = source::SourceFiles::new(options.source_roots.clone());
-    if wants_pipeline {
+    // The pipeline labelling finds no DualPipeV call (and leaves the labels alone) where the
+    // program has none, so trying it is also how the preset is detected.
+    if options.preset != Some(Preset::Generic) {
         info = pipeline::label(snap, replay, &mut sources, &mut names, &mut labels);
     }
     let preset = if info.is_some() {

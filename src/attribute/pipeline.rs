@@ -66,13 +66,6 @@ fn facts(snap: &Snapshot, stack: StackId) -> StackFacts {
     out
 }
 
-/// Whether a device's trace holds DualPipeV frames.
-pub fn detect(snap: &Snapshot, device: u32) -> bool {
-    frames::distinct_stacks(snap, device)
-        .into_iter()
-        .any(|s| facts(snap, s).step.is_some())
-}
-
 #[derive(Clone, Debug)]
 struct Call {
     site: u32,
