@@ -304,19 +304,17 @@ pub fn step_table(snap: &Snapshot, replay: &Replay, a: &Attribution) -> Vec<Step
     let mut rows: Vec<StepRow> = Vec::new();
     let mut i = 0;
     let shape = a.pipeline.as_ref().and_then(|p| p.shape);
+    // A row: one pipeline step, or outside a pipeline one phase, of one training step.
+    let key = |l: &Label| {
+        let phase = if l.pipe_step == 0 {
+            l.phase
+        } else {
+            Default::default()
+        };
+        (l.train_step, l.pipe_step, phase)
+    };
     while i < n {
         let l = a.labels[i];
-        let key = |l: &Label| {
-            (
-                l.train_step,
-                l.pipe_step,
-                if l.pipe_step == 0 {
-                    l.phase
-                } else {
-                    Default::default()
-                },
-            )
-        };
         let k = key(&l);
         let mut j = i;
         while j + 1 < n && key(&a.labels[j + 1]) == k {
@@ -404,16 +402,15 @@ fn iteration_ends(replay: &Replay, a: &Attribution, first: usize, last: usize) -
             _ => calls.push((c, i, i)),
         }
     }
-    let Some(&(_, _, _)) = calls.last() else {
+    let Some(&(_, last_call_start, _)) = calls.last() else {
         return Vec::new();
     };
-    let last_op = a.labels[calls.last().expect("non-empty").1].op;
-    let ends: Vec<usize> = calls
+    let last_op = a.labels[last_call_start].op;
+    calls
         .iter()
         .filter(|c| a.labels[c.1].op == last_op)
-        .map(|c| c.2)
-        .collect();
-    ends.into_iter().map(|e| replay.allocated[e]).collect()
+        .map(|c| replay.allocated[c.2])
+        .collect()
 }
 
 /// Turns a breakdown into a `label -> bytes` map (for JSON).
