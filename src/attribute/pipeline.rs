@@ -666,16 +666,12 @@ fn split_call(
             *slot = (k + cuts.iter().filter(|&&c| c <= i).count()) as u32;
         }
     }
-    let mut new_calls = Vec::new();
-    for (p, &cut) in cuts.iter().enumerate() {
-        let _ = p;
-        new_calls.push(Call {
+    main_of_call[k] = parts.remove(0);
+    for (j, (&cut, part)) in cuts.iter().zip(parts).enumerate() {
+        let call = Call {
             first: cut,
             ..template.clone()
-        });
-    }
-    main_of_call[k] = parts.remove(0);
-    for (j, (call, part)) in new_calls.into_iter().zip(parts).enumerate() {
+        };
         calls.insert(k + 1 + j, call);
         main_of_call.insert(k + 1 + j, part);
     }
