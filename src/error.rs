@@ -3,7 +3,9 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::pickle::DecodeError;
+use crate::attribute::rules::RulesError;
+use crate::chart::ChartError;
+use crate::pickle::{DecodeError, FieldError};
 
 /// A file could not be read, decoded or analysed.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +25,16 @@ impl Error {
             kind,
         }
     }
+
+    /// Whether the user can fix this by changing the command (a bad option value, a rules
+    /// file that does not parse, an output path that cannot be written, a `--device` that is
+    /// not in the file), as opposed to an input file that cannot be analysed.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self.kind,
+            ErrorKind::Rules(_) | ErrorKind::Chart(_) | ErrorKind::Usage(_)
+        )
+    }
 }
 
 /// The kinds of failure.
@@ -40,8 +52,17 @@ pub enum ErrorKind {
     NotASnapshot(String),
     /// A snapshot whose fields have the wrong types.
     #[error("invalid snapshot: {0}")]
-    Invalid(String),
-    /// A request that cannot be served for this file (unknown device, bad rule file, ...).
+    Invalid(FieldError),
+    /// A rules file that cannot be used.
+    #[error("{0}")]
+    Rules(RulesError),
+    /// A chart that cannot be drawn or written.
+    #[error("{0}")]
+    Chart(ChartError),
+    /// No device of the file has what the command needs (trace events, an OOM).
+    #[error("{0}")]
+    NoDevice(String),
+    /// An option value that does not fit this file or command.
     #[error("{0}")]
     Usage(String),
 }

@@ -25,6 +25,7 @@
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
 
+pub mod analysis;
 pub mod attribute;
 pub mod chart;
 mod error;
@@ -32,7 +33,6 @@ pub mod pickle;
 pub mod replay;
 pub mod report;
 pub mod snapshot;
-pub mod ui;
 pub mod units;
 
 pub use error::{Error, ErrorKind};

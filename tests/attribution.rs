@@ -480,7 +480,9 @@ fn source_and_inference_label_every_event_alike() {
 /// blocks live at each step's peak one by one.
 #[test]
 fn step_peak_categories_equal_the_live_blocks_at_each_peak() {
-    use memsnap::report::breakdown::{categories_at, group, live_at, step_table, Dimension, Keyer};
+    use memsnap::analysis::breakdown::{
+        categories_at, group, live_at, step_table, Dimension, Keyer,
+    };
     let mut files = vec![
         testdata("snapshots/single-gpu/memory_snapshot_rank0_step1.pickle.xz"),
         testdata("snapshots/fsdp/memory_snapshot_rank0_step1.pickle.xz"),

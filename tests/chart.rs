@@ -114,10 +114,9 @@ fn the_peak_marker_is_where_the_peak_is() {
     for file in files {
         let snap = memsnap::snapshot::Snapshot::open(&file).unwrap();
         let device = snap.devices_with_events().next().unwrap();
-        let replay = memsnap::replay::replay(&snap, device, Default::default());
-        let a = memsnap::attribute::attribute(&snap, &replay, &Default::default());
+        let a = memsnap::analysis::analyse_device(&snap, device, &Default::default());
         let png = out.path().join("peak.png");
-        let info = timeline(&png, "x", &snap, &replay, &a, &Options::default()).unwrap();
+        let info = timeline(&png, "x", &a, &Options::default()).unwrap();
         let img = decode(&png);
         assert_eq!((img.0, img.1), (1600, 900));
         let red = (palette::PEAK.0, palette::PEAK.1, palette::PEAK.2);

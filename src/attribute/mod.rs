@@ -175,6 +175,36 @@ pub struct Label {
     pub call: u32,
 }
 
+impl Label {
+    /// A label that says nothing yet: no step, op, micro-batch, layer or call.
+    pub const EMPTY: Label = Label {
+        train_step: 0,
+        pipe_step: STEP_NONE,
+        phase: Phase::Other,
+        op: NameId(0),
+        mb: NO_MB,
+        mb_backward: NO_MB,
+        stage: NameId(0),
+        layer: u16::MAX,
+        detail: NameId(0),
+        category: Category::Unknown,
+        annotation: NameId(0),
+        call: u32::MAX,
+    };
+
+    /// The label of a block that was alive before the first recorded event.
+    pub const BEFORE_TRACE: Label = Label {
+        category: Category::PreExisting,
+        ..Label::EMPTY
+    };
+
+    /// Whether this labels a block alive before the first recorded event (as opposed to one
+    /// recorded in the trace whose category rules called it pre-existing).
+    pub fn is_before_trace(&self) -> bool {
+        self.category == Category::PreExisting && self.call == u32::MAX
+    }
+}
+
 /// Which rule set labelled a trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -246,9 +276,7 @@ impl Attribution {
     /// `optimizer`, ... (with a training-step prefix when the trace spans several).
     pub fn step_text(&self, l: &Label, multi_step: bool) -> String {
         let base = match l.pipe_step {
-            STEP_NONE if l.category == Category::PreExisting && l.call == u32::MAX => {
-                return "before the trace".to_string()
-            }
+            STEP_NONE if l.is_before_trace() => return "before the trace".to_string(),
             STEP_NONE => l.phase.as_str().to_string(),
             STEP_BEFORE => "before step 1".to_string(),
             STEP_AFTER => "after step 8".to_string(),
@@ -281,12 +309,13 @@ impl Attribution {
 pub fn attribute(snap: &Snapshot, replay: &Replay, options: &Options) -> Attribution {
     let events = snap.trace(replay.device);
     let mut names = Names::default();
-    let mut labels = vec![Label::default(); events.len()];
-    for l in &mut labels {
-        l.mb = NO_MB;
-        l.mb_backward = NO_MB;
-        l.layer = u16::MAX;
-    }
+    let mut labels = vec![
+        Label {
+            call: 0,
+            ..Label::EMPTY
+        };
+        events.len()
+    ];
     let mut info = None;
     let mut sources = source::SourceFiles::new(options.source_roots.clone());
     // The pipeline labelling finds no DualPipeV call (and leaves the labels alone) where the
@@ -306,16 +335,7 @@ pub fn attribute(snap: &Snapshot, replay: &Replay, options: &Options) -> Attribu
         &mut labels,
         preset == Preset::Generic,
     );
-    let mut preexisting = vec![
-        Label {
-            mb: NO_MB,
-            mb_backward: NO_MB,
-            layer: u16::MAX,
-            call: u32::MAX,
-            ..Label::default()
-        };
-        replay.preexisting.len()
-    ];
+    let mut preexisting = vec![Label::EMPTY; replay.preexisting.len()];
     category::assign(snap, replay, &names, &mut labels, &mut preexisting);
     if let Some(rules) = &options.rules {
         rules.apply(snap, replay, &mut names, &mut labels, &mut preexisting);

@@ -71,27 +71,71 @@ fn parse_phase(s: &str) -> Option<Phase> {
     })
 }
 
+/// Why a rules file was refused; rules are numbered from 1 in file order.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RulesError {
+    /// Not valid TOML, or not the rules schema.
+    #[error("{0}")]
+    Toml(#[from] toml::de::Error),
+    /// A `file` or `function` pattern that is not a regular expression.
+    #[error("rule {rule}: {field}: {source}")]
+    Pattern {
+        /// The rule's number.
+        rule: usize,
+        /// `file` or `function`.
+        field: &'static str,
+        /// What the regex parser said.
+        source: regex::Error,
+    },
+    /// A category or phase name that does not exist.
+    #[error("rule {rule}: unknown {field} {value:?}")]
+    UnknownName {
+        /// The rule's number.
+        rule: usize,
+        /// `category` or `phase`.
+        field: &'static str,
+        /// The name given.
+        value: String,
+    },
+    /// A rule that matches but sets nothing.
+    #[error("rule {0} sets no label")]
+    NoLabel(usize),
+}
+
 impl RuleSet {
     /// Parses rules from TOML text; errors name the rule and the field.
-    pub fn parse(text: &str) -> Result<RuleSet, String> {
-        let raw: RawFile = toml::from_str(text).map_err(|e| e.to_string())?;
+    pub fn parse(text: &str) -> Result<RuleSet, RulesError> {
+        let raw: RawFile = toml::from_str(text)?;
         let mut rules = Vec::new();
         for (i, r) in raw.rule.into_iter().enumerate() {
             let n = i + 1;
-            let re = |field: &str, s: &Option<String>| -> Result<Option<Regex>, String> {
-                s.as_deref()
-                    .map(|p| Regex::new(p).map_err(|e| format!("rule {n}: {field}: {e}")))
-                    .transpose()
+            let re =
+                |field: &'static str, s: &Option<String>| -> Result<Option<Regex>, RulesError> {
+                    s.as_deref()
+                        .map(|p| {
+                            Regex::new(p).map_err(|source| RulesError::Pattern {
+                                rule: n,
+                                field,
+                                source,
+                            })
+                        })
+                        .transpose()
+                };
+            let unknown = |field: &'static str, value: &str| RulesError::UnknownName {
+                rule: n,
+                field,
+                value: value.to_string(),
             };
             let category = r
                 .category
                 .as_deref()
-                .map(|c| Category::parse(c).ok_or(format!("rule {n}: unknown category {c:?}")))
+                .map(|c| Category::parse(c).ok_or_else(|| unknown("category", c)))
                 .transpose()?;
             let phase = r
                 .phase
                 .as_deref()
-                .map(|p| parse_phase(p).ok_or(format!("rule {n}: unknown phase {p:?}")))
+                .map(|p| parse_phase(p).ok_or_else(|| unknown("phase", p)))
                 .transpose()?;
             if r.category.is_none()
                 && r.stage.is_none()
@@ -99,7 +143,7 @@ impl RuleSet {
                 && r.phase.is_none()
                 && r.detail.is_none()
             {
-                return Err(format!("rule {n} sets no label"));
+                return Err(RulesError::NoLabel(n));
             }
             rules.push(Rule {
                 file: re("file", &r.file)?,
@@ -224,11 +268,17 @@ mod tests {
         .unwrap();
         assert_eq!(ok.rules.len(), 2);
         assert_eq!(ok.rules[0].lines, Some((10, 20)));
-        let e = RuleSet::parse("[[rule]]\nfunction = \"(\"\nstage = \"x\"").unwrap_err();
+        let e = RuleSet::parse("[[rule]]\nfunction = \"(\"\nstage = \"x\"")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("rule 1: function:"), "{e}");
-        let e = RuleSet::parse("[[rule]]\ncategory = \"weights\"").unwrap_err();
+        let e = RuleSet::parse("[[rule]]\ncategory = \"weights\"")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown category"), "{e}");
-        let e = RuleSet::parse("[[rule]]\nfile = \"x\"").unwrap_err();
+        let e = RuleSet::parse("[[rule]]\nfile = \"x\"")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("sets no label"), "{e}");
         assert!(RuleSet::parse("[[rule]]\nbogus = 1").is_err());
     }

@@ -10,11 +10,8 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::palette;
 use super::series::{self, Series, XAxis};
-use super::{Format, Options};
-use crate::attribute::Attribution;
-use crate::replay::Replay;
-use crate::report::breakdown;
-use crate::snapshot::Snapshot;
+use super::{ChartError, Format, Options};
+use crate::analysis::{DeviceAnalysis, Dimension};
 use crate::units;
 
 /// Where things ended up in the image (for tests and callers that annotate it).
@@ -61,6 +58,11 @@ const FONT: &str = "sans-serif";
 const GIB: f64 = (1u64 << 30) as f64;
 const LEGEND_WIDTH: u32 = 400;
 
+/// A plotters error as a chart error.
+fn drawing<E: std::error::Error + Send + Sync>(e: DrawingAreaErrorKind<E>) -> ChartError {
+    ChartError::Draw(e.to_string())
+}
+
 fn register_font() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
@@ -79,40 +81,24 @@ fn shorten(s: &str, max: usize) -> String {
     }
 }
 
-/// Prepares one device's panel.
-pub fn panel(
-    snap: &Snapshot,
-    replay: &Replay,
-    a: &Attribution,
-    options: &Options,
-    title: &str,
-    columns: usize,
-) -> Panel {
-    let s = series::build(
-        snap,
-        replay,
-        a,
-        options.by,
-        options.x,
-        columns,
-        options.max_groups,
-    );
+/// Prepares one device's panel from its analysis.
+pub fn panel(a: &DeviceAnalysis, options: &Options, title: &str, columns: usize) -> Panel {
+    let replay = &a.replay;
+    let s = series::build(a, options.by, options.x, columns, options.max_groups);
     let peak = replay.peaks.allocated;
     let peak_x = peak.event.map_or(s.x_range.0, |i| s.x_of_event[i]);
-    let place = crate::report::DeviceReport::peak_place(snap, replay, a);
     let mut what = vec![format!("peak {}", units::bytes(peak.bytes))];
-    what.extend(place.summary_parts());
-    let live = breakdown::live_at(snap, replay, a, peak.event);
-    let mut keyer = breakdown::Keyer::new(snap, a);
-    let made_of = breakdown::group(&mut keyer, breakdown::Dimension::Category, &live)
+    what.extend(a.peak_place.summary_parts());
+    let made_of = a
+        .peak_shares(Dimension::Category)
         .iter()
         .take(2)
         .map(|s| format!("{} {}", s.label, units::percent(s.bytes, peak.bytes)))
         .collect::<Vec<_>>()
         .join(", ");
-    let rows = breakdown::step_table(snap, replay, a);
-    let several = rows.iter().any(|r| r.train_step > 0);
-    let bands = rows
+    let several = a.steps.iter().any(|r| r.train_step > 0);
+    let bands = a
+        .steps
         .iter()
         .map(|row| {
             let short = match row.step {
@@ -149,27 +135,25 @@ pub fn panel(
 pub(super) fn render(
     out: &Path,
     format: Format,
-    snap: &Snapshot,
-    replay: &Replay,
-    a: &Attribution,
+    a: &DeviceAnalysis,
     options: &Options,
     title: &str,
-) -> Result<ChartInfo, String> {
+) -> Result<ChartInfo, ChartError> {
     register_font();
     let size = (options.width.max(400), options.height.max(300));
     let columns = (size.0.saturating_sub(LEGEND_WIDTH + 120)).max(50) as usize;
-    let p = panel(snap, replay, a, options, title, columns);
+    let p = panel(a, options, title, columns);
     match format {
         Format::Png => {
             let root = BitMapBackend::new(out, size).into_drawing_area();
             let info = single(&root, &p, options)?;
-            root.present().map_err(|e| e.to_string())?;
+            root.present().map_err(drawing)?;
             Ok(info)
         }
         Format::Svg => {
             let root = SVGBackend::new(out, size).into_drawing_area();
             let info = single(&root, &p, options)?;
-            root.present().map_err(|e| e.to_string())?;
+            root.present().map_err(drawing)?;
             Ok(info)
         }
     }
@@ -181,20 +165,20 @@ pub fn render_panels(
     panels: &[Panel],
     options: &Options,
     title: &str,
-) -> Result<(), String> {
+) -> Result<(), ChartError> {
     register_font();
-    let format = Format::of(out).ok_or("the chart file must end in .png or .svg")?;
+    let format = super::check_output(out)?;
     let size = (options.width.max(400), options.height.max(300));
     match format {
         Format::Png => {
             let root = BitMapBackend::new(out, size).into_drawing_area();
             grid(&root, panels, options, title)?;
-            root.present().map_err(|e| e.to_string())
+            root.present().map_err(drawing)
         }
         Format::Svg => {
             let root = SVGBackend::new(out, size).into_drawing_area();
             grid(&root, panels, options, title)?;
-            root.present().map_err(|e| e.to_string())
+            root.present().map_err(drawing)
         }
     }
 }
@@ -230,11 +214,11 @@ fn single<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     p: &Panel,
     options: &Options,
-) -> Result<ChartInfo, String>
+) -> Result<ChartInfo, ChartError>
 where
     DB::ErrorType: 'static,
 {
-    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    let err = drawing::<DB::ErrorType>;
     let (width, height) = root.dim_in_pixel();
     root.fill(&WHITE).map_err(err)?;
     let (head, body) = root.split_vertically(78);
@@ -270,11 +254,11 @@ fn grid<DB: DrawingBackend>(
     panels: &[Panel],
     options: &Options,
     title: &str,
-) -> Result<(), String>
+) -> Result<(), ChartError>
 where
     DB::ErrorType: 'static,
 {
-    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    let err = drawing::<DB::ErrorType>;
     let (width, _) = root.dim_in_pixel();
     root.fill(&WHITE).map_err(err)?;
     let (head, body) = root.split_vertically(78);

@@ -12,15 +12,13 @@ mod draw;
 pub mod palette;
 pub mod series;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub use draw::{panel, render_panels, ChartInfo, Panel};
 pub use series::XAxis;
 
+use crate::analysis::{DeviceAnalysis, Dimension};
 use crate::attribute::Attribution;
-use crate::replay::Replay;
-use crate::report::breakdown::Dimension;
-use crate::snapshot::Snapshot;
 use crate::{Error, ErrorKind};
 
 /// What to draw.
@@ -50,6 +48,72 @@ impl Default for Options {
             title: None,
             max_groups: 9,
         }
+    }
+}
+
+/// Why a chart was not drawn.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChartError {
+    /// The output name does not say PNG or SVG.
+    #[error("the chart file must end in .png or .svg")]
+    Format,
+    /// The output's folder does not exist.
+    #[error("cannot write the chart: the folder {0} does not exist")]
+    NoFolder(PathBuf),
+    /// The output names a folder.
+    #[error("cannot write the chart: it is a folder; give a file name ending in .png or .svg")]
+    IsFolder,
+    /// The image is too small for its axes, labels and legend.
+    #[error(
+        "a {width}x{height} chart is too small to read; use at least {min_width}x{min_height}"
+    )]
+    TooSmall {
+        /// Width asked for.
+        width: u32,
+        /// Height asked for.
+        height: u32,
+        /// Smallest width drawn.
+        min_width: u32,
+        /// Smallest height drawn.
+        min_height: u32,
+    },
+    /// Drawing or writing the image failed.
+    #[error("cannot draw the chart: {0}")]
+    Draw(String),
+}
+
+/// Checks that a chart can be written to `out`, and gives its format.
+pub fn check_output(out: &Path) -> Result<Format, ChartError> {
+    if out.is_dir() {
+        return Err(ChartError::IsFolder);
+    }
+    let format = Format::of(out).ok_or(ChartError::Format)?;
+    match out.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => {
+            Err(ChartError::NoFolder(dir.to_path_buf()))
+        }
+        _ => Ok(format),
+    }
+}
+
+impl Options {
+    /// The smallest image a timeline is drawn on: axes, step labels, the peak's label and the
+    /// legend need this much room.
+    pub const MIN_SIZE: (u32, u32) = (600, 400);
+
+    /// Refuses sizes too small to read.
+    pub fn check_size(&self) -> Result<(), ChartError> {
+        let (min_width, min_height) = Self::MIN_SIZE;
+        if self.width < min_width || self.height < min_height {
+            return Err(ChartError::TooSmall {
+                width: self.width,
+                height: self.height,
+                min_width,
+                min_height,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -92,21 +156,15 @@ pub fn default_title(file: &str, a: &Attribution) -> String {
 pub fn timeline(
     out: &Path,
     file: &str,
-    snap: &Snapshot,
-    replay: &Replay,
-    a: &Attribution,
+    a: &DeviceAnalysis,
     options: &Options,
 ) -> Result<ChartInfo, Error> {
-    let format = Format::of(out).ok_or_else(|| {
-        Error::new(
-            out,
-            ErrorKind::Usage("the chart file must end in .png or .svg".to_string()),
-        )
-    })?;
+    let fail = |e| Error::new(out, ErrorKind::Chart(e));
+    let format = check_output(out).map_err(fail)?;
+    options.check_size().map_err(fail)?;
     let title = options
         .title
         .clone()
-        .unwrap_or_else(|| default_title(file, a));
-    draw::render(out, format, snap, replay, a, options, &title)
-        .map_err(|e| Error::new(out, ErrorKind::Usage(format!("cannot draw the chart: {e}"))))
+        .unwrap_or_else(|| default_title(file, &a.attribution));
+    draw::render(out, format, a, options, &title).map_err(fail)
 }

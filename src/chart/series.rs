@@ -6,10 +6,10 @@
 
 use std::collections::HashMap;
 
-use crate::attribute::{Attribution, Category, Label};
-use crate::replay::{Replay, NONE};
-use crate::report::breakdown::{self, Dimension, Keyer};
-use crate::snapshot::{Action, Snapshot};
+use crate::analysis::{DeviceAnalysis, Dimension, Keyer};
+use crate::attribute::Label;
+use crate::replay::{Replay, NONE, PREEXISTING};
+use crate::snapshot::{Action, StackId, TraceEvent};
 
 /// Horizontal axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -52,37 +52,87 @@ pub struct Series {
 /// Builds the grouped series: the `max_groups` largest groups at the peak get their own band,
 /// the rest are folded into `other`.
 pub fn build(
-    snap: &Snapshot,
-    replay: &Replay,
-    a: &Attribution,
+    a: &DeviceAnalysis,
     by: Dimension,
     axis: XAxis,
     columns: usize,
     max_groups: usize,
 ) -> Series {
+    let (snap, replay) = (a.snap, &a.replay);
     let events = snap.trace(replay.device);
-    let n = events.len();
-    let mut keyer = Keyer::new(snap, a);
-    // groups by size at the peak
-    let live = breakdown::live_at(snap, replay, a, replay.peaks.allocated.event);
-    let ranked = breakdown::group(&mut keyer, by, &live);
-    let before = keyer.key(
-        by,
-        &Label {
-            category: Category::PreExisting,
-            call: u32::MAX,
-            ..Label::default()
-        },
-        crate::snapshot::StackId::EMPTY,
-    );
-    // Largest at the peak first, then the largest elsewhere in time.
-    let elsewhere = largest_over_time(snap, replay, a, &mut keyer, by);
+    let mut keyer = a.keyer();
+    let groups = choose_groups(a, &mut keyer, by, max_groups);
+    let other = groups.len() - 1;
+    let index: HashMap<&str, usize> = groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| (g.as_str(), i))
+        .collect();
+    // group of each allocation, cached by label (and stack, for sites)
+    let mut by_label: HashMap<(Label, u32), usize> = HashMap::new();
+    let mut group_of = |keyer: &mut Keyer, l: &Label, stack: StackId| -> usize {
+        let key = (*l, if by == Dimension::Site { stack.0 } else { 0 });
+        *by_label.entry(key).or_insert_with(|| {
+            index
+                .get(keyer.key(by, l, stack).as_str())
+                .copied()
+                .unwrap_or(other)
+        })
+    };
+    let (x_of_event, x_range, axis) = x_positions(events, replay, axis);
+
+    // running totals per group
+    let mut totals = vec![0i128; groups.len()];
+    for (k, p) in replay.preexisting.iter().enumerate() {
+        if p.live {
+            let g = group_of(&mut keyer, &a.attribution.preexisting[k], p.stack);
+            totals[g] += p.size as i128;
+        }
+    }
+    // with rounded sizes the anchoring offset belongs to the memory before the trace
+    let start_sum: i128 = totals.iter().sum();
+    totals[0] += replay.start.allocated as i128 - start_sum;
+    let mut sweep = ColumnSweep::new(columns, x_range, replay.start.reserved);
+    for (i, e) in events.iter().enumerate() {
+        if let Some((origin, sign)) = ended_or_started(replay, e.action, i) {
+            let g = match origin {
+                Origin::Event(k) => group_of(&mut keyer, &a.attribution.labels[k], events[k].stack),
+                Origin::Preexisting(k) => group_of(
+                    &mut keyer,
+                    &a.attribution.preexisting[k],
+                    replay.preexisting[k].stack,
+                ),
+            };
+            totals[g] += sign * origin_bytes(replay, origin) as i128;
+        }
+        sweep.add(replay, i, x_of_event[i], &totals);
+    }
+    Series {
+        groups,
+        columns: sweep.finish(),
+        x_of_event,
+        x_range,
+        axis,
+    }
+}
+
+/// The bands: memory from before the trace first (when there is any), then the largest groups
+/// at the peak, then the largest elsewhere in time, and `other` last.
+fn choose_groups(
+    a: &DeviceAnalysis,
+    keyer: &mut Keyer,
+    by: Dimension,
+    max_groups: usize,
+) -> Vec<String> {
+    let replay = &a.replay;
+    let before = keyer.key(by, &Label::BEFORE_TRACE, StackId::EMPTY);
+    let elsewhere = largest_over_time(a, keyer, by);
     let mut groups: Vec<String> = Vec::new();
     if replay.start.allocated > 0 || !replay.preexisting.is_empty() {
         groups.push(before.clone());
     }
-    let candidates = ranked.iter().map(|s| s.label.clone()).chain(elsewhere);
-    for label in candidates {
+    let at_peak = a.peak_shares(by).iter().map(|s| s.label.clone());
+    for label in at_peak.chain(elsewhere) {
         if groups.len() >= max_groups {
             break;
         }
@@ -90,33 +140,29 @@ pub fn build(
             groups.push(label);
         }
     }
-    let other = groups.len();
-    groups.push("other".to_string());
-    let index: HashMap<String, usize> = groups
-        .iter()
-        .cloned()
-        .enumerate()
-        .map(|(i, g)| (g, i))
-        .collect();
+    if groups.is_empty() {
+        groups.push(before);
+    }
+    groups.push(OTHER.to_string());
+    groups
+}
 
-    // group of each allocation, cached by label (and stack, for sites)
-    let mut by_label: HashMap<(Label, u32), usize> = HashMap::new();
-    let mut group_of = |keyer: &mut Keyer, l: &Label, stack: crate::snapshot::StackId| -> usize {
-        let key = (*l, if by == Dimension::Site { stack.0 } else { 0 });
-        *by_label.entry(key).or_insert_with(|| {
-            index
-                .get(&keyer.key(by, l, stack))
-                .copied()
-                .unwrap_or(other)
-        })
-    };
+/// The name of the band that gathers the smaller groups.
+pub const OTHER: &str = "other";
 
-    // x of each event
+/// x of each event, the x range, and the axis actually used (events when there are no times).
+fn x_positions(
+    events: &[TraceEvent],
+    replay: &Replay,
+    axis: XAxis,
+) -> (Vec<f64>, (f64, f64), XAxis) {
     let has_time = replay.time_span_us.0 != 0 && axis == XAxis::Time;
-    let x_of_event: Vec<f64> = (0..n)
-        .map(|i| {
+    let x_of_event: Vec<f64> = events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
             if has_time {
-                (events[i].time_us - replay.time_span_us.0).max(0) as f64 / 1e6
+                (e.time_us - replay.time_span_us.0).max(0) as f64 / 1e6
             } else {
                 i as f64
             }
@@ -124,98 +170,108 @@ pub fn build(
         .collect();
     let x_range = (0.0, x_of_event.last().copied().unwrap_or(1.0).max(1e-9));
     let axis = if has_time { XAxis::Time } else { XAxis::Events };
+    (x_of_event, x_range, axis)
+}
 
-    // running totals per group
-    let mut totals = vec![0i128; groups.len()];
-    for (k, p) in replay.preexisting.iter().enumerate() {
-        if p.live {
-            let g = group_of(&mut keyer, &a.preexisting[k], p.stack);
-            totals[g] += p.size as i128;
+/// Where an allocation's bytes came from: an `alloc` event, or a block from before the trace.
+#[derive(Clone, Copy)]
+enum Origin {
+    Event(usize),
+    Preexisting(usize),
+}
+
+/// The allocation that event `i` starts (+1) or ends (-1), if any.
+fn ended_or_started(replay: &Replay, action: Action, i: usize) -> Option<(Origin, i128)> {
+    match action {
+        Action::Alloc => Some((Origin::Event(i), 1)),
+        Action::FreeRequested | Action::FreeCompleted => {
+            // The event that ended the allocation is the one its alloc links back to.
+            let p = replay.partner[i];
+            if p == NONE {
+                None
+            } else if p & PREEXISTING != 0 {
+                let k = (p & !PREEXISTING) as usize;
+                (replay.preexisting[k].freed_at as usize == i)
+                    .then_some((Origin::Preexisting(k), -1))
+            } else {
+                (replay.partner[p as usize] as usize == i)
+                    .then_some((Origin::Event(p as usize), -1))
+            }
+        }
+        _ => None,
+    }
+}
+
+fn origin_bytes(replay: &Replay, origin: Origin) -> u64 {
+    match origin {
+        Origin::Event(k) => replay.bytes[k],
+        Origin::Preexisting(k) => replay.preexisting[k].size,
+    }
+}
+
+/// Columns filled event by event, each keeping its highest moment.
+struct ColumnSweep {
+    cols: Vec<Option<Column>>,
+    x_range: (f64, f64),
+    reserved: u64,
+    reserved_change: usize,
+}
+
+impl ColumnSweep {
+    fn new(columns: usize, x_range: (f64, f64), reserved: u64) -> ColumnSweep {
+        ColumnSweep {
+            cols: vec![None; columns.max(1)],
+            x_range,
+            reserved,
+            reserved_change: 0,
         }
     }
-    // with rounded sizes the anchoring offset belongs to the memory before the trace
-    let start_sum: i128 = totals.iter().sum();
-    totals[0] += replay.start.allocated as i128 - start_sum;
-    let mut cols: Vec<Option<Column>> = vec![None; columns.max(1)];
-    let width = (x_range.1 - x_range.0).max(1e-12);
-    let mut reserved_change = 0;
-    let mut reserved = replay.start.reserved;
-    for i in 0..n {
-        let e = &events[i];
-        match e.action {
-            Action::Alloc => {
-                let g = group_of(&mut keyer, &a.labels[i], e.stack);
-                totals[g] += replay.bytes[i] as i128;
+
+    fn add(&mut self, replay: &Replay, i: usize, x: f64, totals: &[i128]) {
+        while let Some(&(at, bytes)) = replay.reserved_changes.get(self.reserved_change) {
+            if at as usize > i {
+                break;
             }
-            Action::FreeRequested | Action::FreeCompleted => {
-                // The event that ended the allocation is the one its alloc links back to.
-                let p = replay.partner[i];
-                if p == NONE {
-                } else if p & crate::replay::PREEXISTING != 0 {
-                    let k = (p & !crate::replay::PREEXISTING) as usize;
-                    let pre = &replay.preexisting[k];
-                    if pre.freed_at as usize == i {
-                        let g = group_of(&mut keyer, &a.preexisting[k], pre.stack);
-                        totals[g] -= pre.size as i128;
-                    }
-                } else if replay.partner[p as usize] as usize == i {
-                    let g = group_of(&mut keyer, &a.labels[p as usize], events[p as usize].stack);
-                    totals[g] -= replay.bytes[p as usize] as i128;
-                }
-            }
-            _ => {}
+            self.reserved = bytes;
+            self.reserved_change += 1;
         }
-        while reserved_change < replay.reserved_changes.len()
-            && replay.reserved_changes[reserved_change].0 as usize <= i
-        {
-            reserved = replay.reserved_changes[reserved_change].1;
-            reserved_change += 1;
-        }
-        let last_col = cols.len() - 1;
-        let b = (((x_of_event[i] - x_range.0) / width) * last_col as f64).round() as usize;
+        let width = (self.x_range.1 - self.x_range.0).max(1e-12);
+        let last_col = self.cols.len() - 1;
+        let b = (((x - self.x_range.0) / width) * last_col as f64).round() as usize;
         let b = b.min(last_col);
         let total = replay.allocated[i];
-        match &mut cols[b] {
+        let now = || totals.iter().map(|&t| t.max(0) as u64).collect();
+        match &mut self.cols[b] {
             Some(c) => {
-                c.reserved = c.reserved.max(reserved);
-                let current: u64 = c.groups.iter().sum();
-                if total > current {
-                    c.groups = totals.iter().map(|&t| t.max(0) as u64).collect();
+                c.reserved = c.reserved.max(self.reserved);
+                if total > c.groups.iter().sum() {
+                    c.groups = now();
                     c.event = i;
                 }
             }
             slot @ None => {
                 *slot = Some(Column {
-                    x: x_range.0 + width * b as f64 / last_col.max(1) as f64,
-                    groups: totals.iter().map(|&t| t.max(0) as u64).collect(),
-                    reserved,
+                    x: self.x_range.0 + width * b as f64 / last_col.max(1) as f64,
+                    groups: now(),
+                    reserved: self.reserved,
                     event: i,
                 })
             }
         }
     }
-    let columns: Vec<Column> = cols.into_iter().flatten().collect();
-    Series {
-        groups,
-        columns,
-        x_of_event,
-        x_range,
-        axis,
+
+    fn finish(self) -> Vec<Column> {
+        self.cols.into_iter().flatten().collect()
     }
 }
 
 /// Groups ordered by the most bytes they ever held at once.
-fn largest_over_time(
-    snap: &Snapshot,
-    replay: &Replay,
-    a: &Attribution,
-    keyer: &mut Keyer,
-    by: Dimension,
-) -> Vec<String> {
+fn largest_over_time(a: &DeviceAnalysis, keyer: &mut Keyer, by: Dimension) -> Vec<String> {
+    let (snap, replay) = (a.snap, &a.replay);
     let events = snap.trace(replay.device);
     let mut ids: HashMap<(Label, u32), usize> = HashMap::new();
     let mut names: Vec<String> = Vec::new();
-    let mut id_of = |keyer: &mut Keyer, l: &Label, stack: crate::snapshot::StackId| -> usize {
+    let mut id_of = |keyer: &mut Keyer, l: &Label, stack: StackId| -> usize {
         let key = (*l, if by == Dimension::Site { stack.0 } else { 0 });
         *ids.entry(key).or_insert_with(|| {
             let name = keyer.key(by, l, stack);
@@ -231,29 +287,15 @@ fn largest_over_time(
     let mut now: Vec<i128> = Vec::new();
     let mut max: Vec<i128> = Vec::new();
     for (i, e) in events.iter().enumerate() {
-        let (g, delta) = match e.action {
-            Action::Alloc => (id_of(keyer, &a.labels[i], e.stack), replay.bytes[i] as i128),
-            Action::FreeRequested | Action::FreeCompleted => {
-                let p = replay.partner[i];
-                if p == NONE
-                    || p & crate::replay::PREEXISTING != 0
-                    || replay.partner[p as usize] as usize != i
-                {
-                    continue;
-                }
-                let p = p as usize;
-                (
-                    id_of(keyer, &a.labels[p], events[p].stack),
-                    -(replay.bytes[p] as i128),
-                )
-            }
-            _ => continue,
+        let Some((Origin::Event(k), sign)) = ended_or_started(replay, e.action, i) else {
+            continue;
         };
+        let g = id_of(keyer, &a.attribution.labels[k], events[k].stack);
         if g >= now.len() {
             now.resize(g + 1, 0);
             max.resize(g + 1, 0);
         }
-        now[g] += delta;
+        now[g] += sign * replay.bytes[k] as i128;
         max[g] = max[g].max(now[g]);
     }
     let mut order: Vec<usize> = (0..max.len()).collect();

@@ -2,18 +2,21 @@
 
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use rayon::prelude::*;
 
+use memsnap::analysis;
 use memsnap::chart;
 use memsnap::report::compare::{self, Pair, Profile, Ranks};
-use memsnap::report::{self, DeviceReport};
+use memsnap::report::{json, text, DeviceReport};
 
-use super::{complain, InputArgs};
+use super::{ui, Failure, InputArgs, Tally};
 
 /// Arguments of `memsnap compare`.
 #[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  memsnap compare rank0.pickle.xz rank1.pickle.xz\n  memsnap compare snapshots/ --png ranks.png"
+)]
 pub struct CompareArgs {
     /// Two snapshot files to compare side by side; or a folder of snapshots, or three or more
     /// files, for one row per rank.
@@ -28,6 +31,9 @@ pub struct CompareArgs {
     /// Rows per table.
     #[arg(long, default_value_t = 8)]
     pub top: usize,
+    /// Also look for snapshots in the sub-folders of a folder given.
+    #[arg(long, short = 'r')]
+    pub recursive: bool,
     #[command(flatten)]
     pub input: InputArgs,
 }
@@ -40,17 +46,16 @@ fn is_snapshot_name(p: &Path) -> bool {
     name.contains(".pickle") || name.ends_with(".pkl")
 }
 
-/// The files to compare: folders are listed (snapshot files only, sorted), files kept.
-fn expand(inputs: &[PathBuf]) -> io::Result<(Vec<PathBuf>, bool)> {
+/// The files to compare: folders are listed (snapshot files only, sorted; sub-folders too
+/// with `recursive`), files kept. Also says whether a folder was given.
+fn expand(inputs: &[PathBuf], recursive: bool) -> io::Result<(Vec<PathBuf>, bool)> {
     let mut files = Vec::new();
     let mut any_dir = false;
     for input in inputs {
         if input.is_dir() {
             any_dir = true;
-            let mut found: Vec<PathBuf> = std::fs::read_dir(input)?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.is_file() && is_snapshot_name(p))
-                .collect();
+            let mut found = Vec::new();
+            list_folder(input, recursive, &mut found)?;
             found.sort();
             files.extend(found);
         } else {
@@ -60,8 +65,23 @@ fn expand(inputs: &[PathBuf]) -> io::Result<(Vec<PathBuf>, bool)> {
     Ok((files, any_dir))
 }
 
+fn list_folder(dir: &Path, recursive: bool, found: &mut Vec<PathBuf>) -> io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let p = entry?.path();
+        if p.is_dir() && recursive {
+            list_folder(&p, recursive, found)?;
+        } else if p.is_file() && is_snapshot_name(&p) {
+            found.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// What one file gives the comparison: a profile and, when charts are drawn, a panel for each
+/// device with events.
 struct Loaded {
     index: usize,
+    rank: Option<u32>,
     profiles: Vec<Profile>,
     panels: Vec<chart::Panel>,
 }
@@ -69,80 +89,52 @@ struct Loaded {
 fn load_one(
     index: usize,
     path: &Path,
-    options: &report::Options,
+    options: &analysis::Options,
     chart_options: Option<&chart::Options>,
 ) -> Result<Loaded, memsnap::Error> {
     let snap = memsnap::snapshot::load(path, &Default::default())?;
-    let name = path.display().to_string();
-    let rank = compare::rank_from_name(&name);
+    let file = path.display().to_string();
+    let rank = compare::rank_from_name(&file);
     let mut profiles = Vec::new();
     let mut panels = Vec::new();
     for d in snap.devices_with_events() {
-        let r = memsnap::replay::replay(&snap, d, options.model);
-        let a = memsnap::attribute::attribute(&snap, &r, &options.attribution);
-        profiles.push(Profile {
-            file: name.clone(),
-            rank,
-            report: DeviceReport::new(&snap, &r, &a, options),
-        });
+        let a = analysis::analyse_device(&snap, d, options);
+        profiles.push(Profile::new(&file, rank, DeviceReport::new(&a)));
         if let Some(co) = chart_options {
-            let file = path
-                .file_name()
-                .map_or(name.clone(), |n| n.to_string_lossy().into_owned());
             let title = match rank {
-                Some(k) => format!("rank {k} · {file} · device {d}"),
-                None => format!("{file} · device {d}"),
+                Some(k) => format!("rank {k} · device {d}"),
+                None => format!("{} · device {d}", super::stem(path)),
             };
-            panels.push(chart::panel(&snap, &r, &a, co, &title, 500));
+            panels.push(chart::panel(&a, co, &title, 500));
         }
     }
     if profiles.is_empty() {
         return Err(memsnap::Error::new(
             path,
-            memsnap::ErrorKind::Usage("no device has trace events to compare".into()),
+            memsnap::ErrorKind::NoDevice("no device has trace events to compare".into()),
         ));
     }
     Ok(Loaded {
         index,
+        rank,
         profiles,
         panels,
     })
 }
 
-pub fn run(args: CompareArgs) -> io::Result<ExitCode> {
-    let attribution = match args.input.attribution() {
-        Ok(a) => a,
-        Err(code) => return Ok(code),
-    };
-    let (files, any_dir) = expand(&args.inputs)?;
-    if files.is_empty() {
-        complain(&memsnap::Error::new(
-            &args.inputs[0],
-            memsnap::ErrorKind::Usage("no snapshot files (.pickle, .pickle.xz, ...) found".into()),
-        ));
-        return Ok(ExitCode::from(2));
-    }
-    let pair_mode = files.len() == 2 && !any_dir;
-    if files.len() == 1 && !any_dir {
-        complain(&memsnap::Error::new(
-            &files[0],
-            memsnap::ErrorKind::Usage("give two files, or a folder, to compare".into()),
-        ));
-        return Ok(ExitCode::from(2));
-    }
-    let options = report::Options {
-        model: args.input.sizes.into(),
-        attribution,
-        top: args.top.max(100),
-        ..report::Options::default()
-    };
-    let chart_options = args.png.as_ref().map(|_| chart::Options::default());
-    let progress = memsnap::ui::FilesProgress::new(files.len() as u64);
+/// Reads every file in parallel with a progress bar; failures are printed and tallied.
+fn load_all(
+    files: &[PathBuf],
+    options: &analysis::Options,
+    chart_options: Option<&chart::Options>,
+    tally: &mut Tally,
+) -> (Vec<Loaded>, Vec<(usize, String, String)>) {
+    let progress = ui::FilesProgress::new(files.len() as u64);
     let results: Vec<Result<Loaded, (usize, memsnap::Error)>> = files
         .par_iter()
         .enumerate()
         .map(|(i, f)| {
-            let r = load_one(i, f, &options, chart_options.as_ref()).map_err(|e| (i, e));
+            let r = load_one(i, f, options, chart_options).map_err(|e| (i, e));
             progress.done_one();
             r
         })
@@ -154,53 +146,79 @@ pub fn run(args: CompareArgs) -> io::Result<ExitCode> {
         match r {
             Ok(l) => loaded.push(l),
             Err((i, e)) => {
-                complain(&e);
+                tally.complain(&e);
                 failures.push((i, e.file.display().to_string(), e.kind.to_string()));
             }
         }
     }
     loaded.sort_by_key(|l| l.index);
+    (loaded, failures)
+}
+
+pub fn run(args: CompareArgs) -> Result<(), Failure> {
+    let options = args.input.analysis()?;
+    let (files, any_dir) = expand(&args.inputs, args.recursive)?;
+    if files.is_empty() {
+        let hint = if args.recursive {
+            ""
+        } else {
+            " (sub-folders are not searched without --recursive)"
+        };
+        return Err(Failure::Usage(format!(
+            "{}: no snapshot files (.pickle, .pickle.xz, ...) found{hint}",
+            args.inputs[0].display()
+        )));
+    }
+    if files.len() == 1 && !any_dir {
+        return Err(Failure::Usage(format!(
+            "{}: give two files, or a folder, to compare",
+            files[0].display()
+        )));
+    }
+    let chart_options = match &args.png {
+        Some(png) => {
+            chart::check_output(png)
+                .map_err(|e| memsnap::Error::new(png, memsnap::ErrorKind::Chart(e)))?;
+            Some(chart::Options::default())
+        }
+        None => None,
+    };
+    let pair_mode = files.len() == 2 && !any_dir;
+    let mut tally = Tally::default();
+    let (mut loaded, failures) = load_all(&files, &options, chart_options.as_ref(), &mut tally);
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());
-    let mut panels: Vec<chart::Panel> = Vec::new();
-    if pair_mode {
-        if !failures.is_empty() {
-            return Ok(ExitCode::from(1));
+    let panels = if pair_mode {
+        if !tally.all_ok() {
+            return tally.finish();
         }
-        let a = &loaded[0].profiles[0];
-        let b = &loaded[1].profiles[0];
-        let pair = Pair::new(a, b);
+        let pair = Pair::new(&loaded[0].profiles[0], &loaded[1].profiles[0]);
         if args.json {
-            serde_json::to_writer(&mut out, &pair)?;
-            writeln!(out)?;
+            json::write_pair(&mut out, &pair)?;
         } else {
-            compare::write_pair(&mut out, &pair, args.top)?;
+            text::compare::write_pair(&mut out, &pair, args.top)?;
         }
-        for l in &mut loaded {
-            if let Some(p) = l.panels.drain(..).next() {
-                panels.push(p);
-            }
-        }
+        loaded
+            .iter_mut()
+            .filter_map(|l| l.panels.drain(..).next())
+            .collect()
     } else {
+        // panels in the table's order: by rank, then as given
+        loaded.sort_by_key(|l| (l.rank.unwrap_or(l.index as u32), l.index));
         let mut profiles = Vec::new();
+        let mut panels = Vec::new();
         for l in &mut loaded {
-            for p in l.profiles.drain(..) {
-                profiles.push((l.index, p));
-            }
+            profiles.extend(l.profiles.drain(..).map(|p| (l.index, p)));
             panels.append(&mut l.panels);
         }
-        let ranks = Ranks::new(profiles, failures.clone());
+        let ranks = Ranks::new(profiles, failures);
         if args.json {
-            serde_json::to_writer(&mut out, &ranks)?;
-            writeln!(out)?;
+            json::write_ranks(&mut out, &ranks)?;
         } else {
-            compare::write_ranks(&mut out, &ranks, args.top)?;
+            text::compare::write_ranks(&mut out, &ranks, args.top)?;
         }
-        // panels by rank, as the table
-        panels.sort_by_key(|p| {
-            compare::rank_from_name(&p.title.replace(' ', "")).unwrap_or(u32::MAX)
-        });
-    }
+        panels
+    };
     out.flush()?;
     if let (Some(png), Some(co)) = (&args.png, &chart_options) {
         let title = if pair_mode {
@@ -208,15 +226,9 @@ pub fn run(args: CompareArgs) -> io::Result<ExitCode> {
         } else {
             format!("{} snapshots", panels.len())
         };
-        if let Err(e) = chart::render_panels(png, &panels, co, &title) {
-            complain(&memsnap::Error::new(png, memsnap::ErrorKind::Usage(e)));
-            return Ok(ExitCode::from(1));
-        }
+        chart::render_panels(png, &panels, co, &title)
+            .map_err(|e| memsnap::Error::new(png, memsnap::ErrorKind::Chart(e)))?;
         eprintln!("memsnap: wrote {}", png.display());
     }
-    Ok(if failures.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    tally.finish()
 }

@@ -1,12 +1,14 @@
 //! Command-line arguments (clap) and one function per command. Arguments are turned into
-//! library options here, once; the library never sees clap.
+//! library options here, once; the library never sees clap. Every command returns
+//! `Result<(), Failure>`, and [`exit_code`] alone turns that into the process's exit code.
 
 mod compare;
 mod report;
 mod timeline;
+mod ui;
 
 use std::io::{self, Write};
-
+use std::path::Path;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -30,6 +32,97 @@ enum Command {
     Timeline(timeline::TimelineArgs),
     /// Compare two snapshots side by side, or a folder of ranks in one table.
     Compare(compare::CompareArgs),
+}
+
+/// Why a command did not fully succeed.
+#[derive(Debug)]
+pub enum Failure {
+    /// One error, not yet printed.
+    Error(memsnap::Error),
+    /// A mistake on the command line that names no file.
+    Usage(String),
+    /// Errors already printed, one line each; the exit code they call for.
+    Printed(u8),
+    /// Writing the output failed.
+    Output(io::Error),
+}
+
+impl From<memsnap::Error> for Failure {
+    fn from(e: memsnap::Error) -> Failure {
+        Failure::Error(e)
+    }
+}
+
+impl From<io::Error> for Failure {
+    fn from(e: io::Error) -> Failure {
+        Failure::Output(e)
+    }
+}
+
+/// Exit code 2: the command line asks for something that cannot be done (a bad option value,
+/// an unusable rules file, an output path that cannot be written, a device that is not there).
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code 1: an input file could not be read or analysed (the others still were).
+pub const EXIT_FILE: u8 = 1;
+
+/// The exit code of an error: [`EXIT_USAGE`] or [`EXIT_FILE`].
+fn code_of(e: &memsnap::Error) -> u8 {
+    if e.is_usage() {
+        EXIT_USAGE
+    } else {
+        EXIT_FILE
+    }
+}
+
+/// The one place that turns a command's outcome into an exit code (0 when it succeeded),
+/// printing what has not been printed yet.
+pub fn exit_code(outcome: Result<(), Failure>) -> ExitCode {
+    let code = match outcome {
+        Ok(()) => 0,
+        Err(Failure::Error(e)) => {
+            complain(&e);
+            code_of(&e)
+        }
+        Err(Failure::Usage(message)) => {
+            let _ = writeln!(io::stderr(), "memsnap: {message}");
+            EXIT_USAGE
+        }
+        Err(Failure::Printed(code)) => code,
+        Err(Failure::Output(e)) if e.kind() == io::ErrorKind::BrokenPipe => 0,
+        Err(Failure::Output(e)) => {
+            let _ = writeln!(io::stderr(), "memsnap: cannot write the output: {e}");
+            EXIT_FILE
+        }
+    };
+    ExitCode::from(code)
+}
+
+/// Errors of a command that goes on after one file fails: each is printed at once, and the
+/// worst one decides the exit code.
+#[derive(Debug, Default)]
+struct Tally {
+    worst: u8,
+}
+
+impl Tally {
+    /// Prints the error's line and remembers its exit code.
+    fn complain(&mut self, e: &memsnap::Error) {
+        complain(e);
+        self.worst = self.worst.max(code_of(e));
+    }
+
+    /// Whether every file so far went through.
+    fn all_ok(&self) -> bool {
+        self.worst == 0
+    }
+
+    /// The outcome: success, or the errors printed.
+    fn finish(self) -> Result<(), Failure> {
+        match self.worst {
+            0 => Ok(()),
+            code => Err(Failure::Printed(code)),
+        }
+    }
 }
 
 /// How bytes are counted (`--sizes`).
@@ -80,54 +173,46 @@ pub struct InputArgs {
 }
 
 impl InputArgs {
-    /// The attribution options these arguments ask for; when they cannot be had (a rules file
-    /// that cannot be read or parsed), says why on stderr and gives the usage exit code.
-    pub fn attribution(&self) -> Result<memsnap::attribute::Options, ExitCode> {
-        self.attribution_options().map_err(|e| {
-            complain(&e);
-            ExitCode::from(2)
-        })
-    }
-
-    fn attribution_options(&self) -> Result<memsnap::attribute::Options, memsnap::Error> {
+    /// The analysis options these arguments ask for; a rules file that cannot be read or
+    /// parsed is a usage error.
+    pub fn analysis(&self) -> Result<memsnap::analysis::Options, memsnap::Error> {
         let rules = match &self.rules {
             Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| memsnap::Error::new(path, memsnap::ErrorKind::Io(e)))?;
+                let fail = |kind| memsnap::Error::new(path, kind);
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    fail(memsnap::ErrorKind::Usage(format!(
+                        "cannot read the rules: {e}"
+                    )))
+                })?;
                 Some(
                     memsnap::attribute::rules::RuleSet::parse(&text)
-                        .map_err(|e| memsnap::Error::new(path, memsnap::ErrorKind::Usage(e)))?,
+                        .map_err(|e| fail(memsnap::ErrorKind::Rules(e)))?,
                 )
             }
             None => None,
         };
-        Ok(memsnap::attribute::Options {
-            source_roots: self.source_root.clone(),
-            preset: match self.preset {
-                PresetArg::Auto => None,
-                PresetArg::Pithtrain => Some(memsnap::attribute::Preset::Pithtrain),
-                PresetArg::Generic => Some(memsnap::attribute::Preset::Generic),
+        Ok(memsnap::analysis::Options {
+            model: self.sizes.into(),
+            attribution: memsnap::attribute::Options {
+                source_roots: self.source_root.clone(),
+                preset: match self.preset {
+                    PresetArg::Auto => None,
+                    PresetArg::Pithtrain => Some(memsnap::attribute::Preset::Pithtrain),
+                    PresetArg::Generic => Some(memsnap::attribute::Preset::Generic),
+                },
+                rules,
             },
-            rules,
         })
     }
 }
 
 /// Runs a parsed command line; returns the process exit code.
 pub fn run(cli: Cli) -> ExitCode {
-    let result = match cli.command {
+    exit_code(match cli.command {
         Command::Report(args) => report::run(args),
         Command::Timeline(args) => timeline::run(args),
         Command::Compare(args) => compare::run(args),
-    };
-    match result {
-        Ok(code) => code,
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
-        Err(e) => {
-            let _ = writeln!(io::stderr(), "memsnap: {e}");
-            ExitCode::from(1)
-        }
-    }
+    })
 }
 
 /// Prints one error line for a file that could not be handled.
@@ -135,14 +220,33 @@ fn complain(e: &memsnap::Error) {
     let _ = writeln!(io::stderr(), "memsnap: {e}");
 }
 
-/// Reads every snapshot file given, with a progress bar for large ones.
-fn load(path: &std::path::Path) -> Result<memsnap::snapshot::Snapshot, memsnap::Error> {
-    let progress = memsnap::ui::LoadProgress::new(path);
+/// Reads a snapshot file, with a progress bar for large ones.
+fn load(path: &Path) -> Result<memsnap::snapshot::Snapshot, memsnap::Error> {
+    let progress = ui::LoadProgress::new(path);
     let options = memsnap::snapshot::LoadOptions {
         on_progress: progress.callback(),
         ..Default::default()
     };
     memsnap::snapshot::load(path, &options)
+}
+
+/// A file name without its folder and its `.pickle`/compression suffixes, for output names.
+fn stem(path: &Path) -> String {
+    let name = path
+        .file_name()
+        .map_or("snapshot".into(), |n| n.to_string_lossy().into_owned());
+    let mut stem = name.as_str();
+    for suffix in [".xz", ".gz", ".zst", ".pickle", ".pkl"] {
+        stem = stem.strip_suffix(suffix).unwrap_or(stem);
+    }
+    stem.to_string()
+}
+
+/// Parses a dimension name (`--by`).
+fn parse_dimension(s: &str) -> Result<memsnap::analysis::Dimension, String> {
+    memsnap::analysis::Dimension::parse(s).ok_or_else(|| {
+        format!("unknown dimension {s:?}; use category, step, op, stage, site, phase or annotation")
+    })
 }
 
 #[cfg(test)]
@@ -178,7 +282,7 @@ mod tests {
         };
         let o = args.chart_options();
         assert_eq!(o.width, 800);
-        assert_eq!(o.by, memsnap::report::breakdown::Dimension::Step);
+        assert_eq!(o.by, memsnap::analysis::Dimension::Step);
         assert_eq!(o.x, memsnap::chart::XAxis::Events);
         assert!(
             Cli::try_parse_from(["memsnap", "timeline", "a", "-o", "t.png", "--by", "x"]).is_err()

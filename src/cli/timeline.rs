@@ -1,12 +1,11 @@
 //! `memsnap timeline FILE -o timeline.png`
 
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
+use memsnap::analysis::Dimension;
 use memsnap::chart::{self, XAxis};
-use memsnap::report::breakdown::Dimension;
 
-use super::{complain, load, InputArgs};
+use super::{load, parse_dimension, Failure, InputArgs};
 
 /// Horizontal axis (`--x`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -19,22 +18,24 @@ pub enum XArg {
 
 /// Arguments of `memsnap timeline`.
 #[derive(Debug, clap::Args)]
+#[command(after_help = "Example:\n  memsnap timeline rank0.pickle.xz -o steps.png --by step")]
 pub struct TimelineArgs {
     /// Snapshot file.
     pub file: PathBuf,
-    /// Output image: .png or .svg.
+    /// Output image: .png or .svg. With several devices, one image each:
+    /// `timeline.png` becomes `timeline-device0.png`, `timeline-device1.png`, ...
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
     /// What the stacked area is grouped by: category, step, op, stage, site, phase, annotation.
-    #[arg(long, default_value = "category", value_parser = super::report::parse_dimension)]
+    #[arg(long, default_value = "category", value_parser = parse_dimension)]
     pub by: Dimension,
     /// Horizontal axis.
     #[arg(long = "x", value_enum, default_value_t = XArg::Time)]
     pub x: XArg,
-    /// Image width in pixels.
+    /// Image width in pixels (at least 600).
     #[arg(long, default_value_t = 1600)]
     pub width: u32,
-    /// Image height in pixels.
+    /// Image height in pixels (at least 400).
     #[arg(long, default_value_t = 900)]
     pub height: u32,
     /// Chart title (default: file, device and pipeline rank).
@@ -78,56 +79,52 @@ pub fn per_device(out: &Path, device: u32, several: bool) -> PathBuf {
     out.with_file_name(format!("{stem}-device{device}.{ext}"))
 }
 
-pub fn run(args: TimelineArgs) -> std::io::Result<ExitCode> {
-    if chart::Format::of(&args.output).is_none() {
-        complain(&memsnap::Error::new(
-            &args.output,
-            memsnap::ErrorKind::Usage("the output must end in .png or .svg".into()),
-        ));
-        return Ok(ExitCode::from(2));
-    }
-    let attribution = match args.input.attribution() {
-        Ok(a) => a,
-        Err(code) => return Ok(code),
-    };
-    let snap = match load(&args.file) {
-        Ok(s) => s,
-        Err(e) => {
-            complain(&e);
-            return Ok(ExitCode::from(1));
-        }
-    };
+pub fn run(args: TimelineArgs) -> Result<(), Failure> {
+    let fail = |e| memsnap::Error::new(&args.output, memsnap::ErrorKind::Chart(e));
+    chart::check_output(&args.output).map_err(fail)?;
+    let options = args.chart_options();
+    options.check_size().map_err(fail)?;
+    let analysis_options = args.input.analysis()?;
+    let snap = load(&args.file)?;
     let mut devices: Vec<u32> = snap.devices_with_events().collect();
     if let Some(d) = args.device {
         if !devices.contains(&d) {
-            complain(&memsnap::Error::new(
+            return Err(memsnap::Error::new(
                 &args.file,
                 memsnap::ErrorKind::Usage(format!(
-                    "device {d} has no events (devices with events: {devices:?})"
+                    "device {d} has no events (devices with events: {})",
+                    list(&devices)
                 )),
-            ));
-            return Ok(ExitCode::from(2));
+            )
+            .into());
         }
         devices = vec![d];
     }
     if devices.is_empty() {
-        complain(&memsnap::Error::new(
+        return Err(memsnap::Error::new(
             &args.file,
-            memsnap::ErrorKind::Usage("no device has trace events to draw".into()),
-        ));
-        return Ok(ExitCode::from(1));
+            memsnap::ErrorKind::NoDevice("no device has trace events to draw".into()),
+        )
+        .into());
     }
-    let options = args.chart_options();
     let name = args.file.display().to_string();
     for &d in &devices {
-        let replay = memsnap::replay::replay(&snap, d, args.input.sizes.into());
-        let a = memsnap::attribute::attribute(&snap, &replay, &attribution);
+        let analysis = memsnap::analysis::analyse_device(&snap, d, &analysis_options);
         let out = per_device(&args.output, d, devices.len() > 1);
-        if let Err(e) = chart::timeline(&out, &name, &snap, &replay, &a, &options) {
-            complain(&e);
-            return Ok(ExitCode::from(1));
-        }
+        chart::timeline(&out, &name, &analysis, &options)?;
         eprintln!("memsnap: wrote {}", out.display());
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
+}
+
+/// `0, 1` or `none`.
+fn list(devices: &[u32]) -> String {
+    if devices.is_empty() {
+        return "none".into();
+    }
+    devices
+        .iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }

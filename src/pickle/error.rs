@@ -95,8 +95,31 @@ pub enum DecodeErrorKind {
     OutOfBand,
     /// The consumer of the values refused one (see [`super::Adopter`]).
     #[error("{0}")]
-    Rejected(String),
+    Rejected(FieldError),
     /// Reading or decompressing failed.
     #[error("{0}")]
     Io(io::Error),
+}
+
+/// A value of the wrong type or out of range where a consumer needed a certain field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{place} is {found}, expected {expected}")]
+pub struct FieldError {
+    /// Where the value is (`segments[3].blocks[0].size`).
+    pub place: String,
+    /// What it is (`a str`, `-5`).
+    pub found: String,
+    /// What it should have been (`an int`, `a 64-bit size`).
+    pub expected: &'static str,
+}
+
+impl FieldError {
+    /// `place` holds `found` where `expected` was needed.
+    pub fn new(place: impl Into<String>, found: impl Into<String>, expected: &'static str) -> Self {
+        FieldError {
+            place: place.into(),
+            found: found.into(),
+            expected,
+        }
+    }
 }

@@ -42,7 +42,7 @@ pub mod source;
 mod value;
 mod vm;
 
-pub use error::{DecodeError, DecodeErrorKind};
+pub use error::{DecodeError, DecodeErrorKind, FieldError};
 pub use source::Compression;
 pub use value::{Heap, Ref, StrId, Value};
 pub use vm::{decode, decode_with, Adopter, Decoded, KeepAll, Limits};

@@ -7,7 +7,7 @@
 
 use std::io::Read;
 
-use super::error::{DecodeError, DecodeErrorKind};
+use super::error::{DecodeError, DecodeErrorKind, FieldError};
 use super::memo::Memo;
 use super::opcodes as op;
 use super::reader::{ReadError, Reader};
@@ -43,15 +43,19 @@ pub trait Adopter {
 
     /// Returns the value to store in place of `value`. `key` is the dict key for dict values and
     /// `None` for list, tuple and set items.
-    fn adopt(&mut self, heap: &mut Heap, key: Option<Value>, value: Value)
-        -> Result<Value, String>;
+    fn adopt(
+        &mut self,
+        heap: &mut Heap,
+        key: Option<Value>,
+        value: Value,
+    ) -> Result<Value, FieldError>;
 }
 
 /// An [`Adopter`] that keeps every value as it is.
 pub struct KeepAll;
 
 impl Adopter for KeepAll {
-    fn adopt(&mut self, _: &mut Heap, _: Option<Value>, value: Value) -> Result<Value, String> {
+    fn adopt(&mut self, _: &mut Heap, _: Option<Value>, value: Value) -> Result<Value, FieldError> {
         Ok(value)
     }
 }
@@ -215,9 +219,9 @@ impl<A: Adopter> Vm<'_, A> {
         let out = self
             .adopter
             .adopt(&mut self.heap, key, v)
-            .map_err(|msg| DecodeError {
+            .map_err(|e| DecodeError {
                 offset,
-                kind: DecodeErrorKind::Rejected(msg),
+                kind: DecodeErrorKind::Rejected(e),
             })?;
         while let Some((slot, replacement)) = self.heap.memo_rewrites.pop() {
             self.memo.replace(slot as u64, replacement);

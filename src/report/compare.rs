@@ -8,14 +8,11 @@
 //! [`Pair`].
 
 use std::collections::BTreeMap;
-use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::breakdown::Share;
-use super::text::{indented, table};
-use super::{DeviceReport, PeakPlace};
-use crate::units;
+use super::DeviceReport;
+use crate::analysis::{PeakPlace, Share};
 
 /// One snapshot (one device of it), summarised for comparison.
 #[derive(Clone, Debug, Serialize)]
@@ -28,6 +25,17 @@ pub struct Profile {
     pub report: DeviceReport,
 }
 
+impl Profile {
+    /// The profile of one device of `file`.
+    pub fn new(file: &str, rank: Option<u32>, report: DeviceReport) -> Profile {
+        Profile {
+            file: file.to_string(),
+            rank,
+            report,
+        }
+    }
+}
+
 /// The rank a file name gives: `memory_snapshot_rank3_step0.pickle` (pithtrain),
 /// `rank3_memory_snapshot.pickle` (torchtitan), `snapshot-rank-3.pickle`.
 pub fn rank_from_name(name: &str) -> Option<u32> {
@@ -36,6 +44,58 @@ pub fn rank_from_name(name: &str) -> Option<u32> {
     let rest = base[at + 4..].trim_start_matches(['_', '-', '=']);
     let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
     digits.parse().ok()
+}
+
+/// Names that tell compared snapshots apart, one per profile: `rank 3`, or the file name when
+/// the name gives no rank; `· device 1` added where one file gives several devices; the
+/// shortest distinguishing end of the path added where two files would read the same.
+pub fn display_names(profiles: &[&Profile]) -> Vec<String> {
+    let files: Vec<&str> = profiles.iter().map(|p| p.file.as_str()).collect();
+    let short = short_paths(&files);
+    let base: Vec<String> = profiles
+        .iter()
+        .zip(&short)
+        .map(|(p, s)| match p.rank {
+            Some(r) => format!("rank {r}"),
+            None => s.clone(),
+        })
+        .collect();
+    let mut names = Vec::with_capacity(profiles.len());
+    for (i, p) in profiles.iter().enumerate() {
+        let mut name = base[i].clone();
+        let twins: Vec<usize> = (0..profiles.len())
+            .filter(|&j| j != i && base[j] == base[i])
+            .collect();
+        if twins.iter().any(|&j| profiles[j].file != p.file) && p.rank.is_some() {
+            name = format!("{name} ({})", short[i]);
+        }
+        if twins.iter().any(|&j| profiles[j].file == p.file) {
+            name = format!("{name} · device {}", p.report.device);
+        }
+        names.push(name);
+    }
+    names
+}
+
+/// For each path, the fewest trailing components that no other (different) path ends with.
+pub fn short_paths(files: &[&str]) -> Vec<String> {
+    let parts: Vec<Vec<&str>> = files
+        .iter()
+        .map(|f| f.split(['/', '\\']).filter(|c| !c.is_empty()).collect())
+        .collect();
+    (0..files.len())
+        .map(|i| {
+            let p = &parts[i];
+            let unique = |n: usize| {
+                let end = &p[p.len() - n..];
+                (0..files.len()).all(|j| files[j] == files[i] || !parts[j].ends_with(end))
+            };
+            match (1..=p.len()).find(|&n| unique(n)) {
+                Some(n) => p[p.len() - n..].join("/"),
+                None => files[i].to_string(),
+            }
+        })
+        .collect()
 }
 
 /// One label's bytes at both peaks.
@@ -69,6 +129,8 @@ pub struct StepPair {
 /// The short identity of a compared snapshot.
 #[derive(Clone, Debug, Serialize)]
 pub struct Side {
+    /// How the tables name it (see [`display_names`]).
+    pub name: String,
     /// The file.
     pub file: String,
     /// Rank from the file name.
@@ -84,23 +146,15 @@ pub struct Side {
 }
 
 impl Side {
-    fn of(p: &Profile) -> Side {
+    fn of(p: &Profile, name: String) -> Side {
         Side {
+            name,
             file: p.file.clone(),
             rank: p.rank,
             device: p.report.device,
             peak_allocated_bytes: p.report.peak_allocated_bytes,
             peak_reserved_bytes: p.report.peak_reserved_bytes,
             peak: p.report.peak.clone(),
-        }
-    }
-
-    fn name(&self) -> String {
-        match self.rank {
-            Some(r) => format!("rank {r}"),
-            None => std::path::Path::new(&self.file)
-                .file_name()
-                .map_or(self.file.clone(), |n| n.to_string_lossy().into_owned()),
         }
     }
 }
@@ -198,9 +252,17 @@ impl Pair {
         }
         // pipeline steps in step order, the rest after
         steps.sort_by_key(|s| step_order(&s.label));
+        let mut names = display_names(&[a, b]).into_iter();
+        let (mut name_a, mut name_b) = (
+            names.next().unwrap_or_default(),
+            names.next().unwrap_or_default(),
+        );
+        if name_a == name_b {
+            (name_a, name_b) = ("first".to_string(), "second".to_string());
+        }
         Pair {
-            a: Side::of(a),
-            b: Side::of(b),
+            a: Side::of(a, name_a),
+            b: Side::of(b, name_b),
             peak_allocated_diff_bytes: b.report.peak_allocated_bytes as i64
                 - a.report.peak_allocated_bytes as i64,
             peak_reserved_diff_bytes: b.report.peak_reserved_bytes as i64
@@ -209,6 +271,43 @@ impl Pair {
             sites_more_in_b,
             sites_more_in_a,
             steps,
+        }
+    }
+}
+
+impl Pair {
+    /// The same comparison seen from the other side: `a` and `b` exchanged, differences
+    /// negated.
+    pub fn swapped(&self) -> Pair {
+        let flip = |d: &Diff| Diff {
+            label: d.label.clone(),
+            a_bytes: d.b_bytes,
+            b_bytes: d.a_bytes,
+            diff_bytes: -d.diff_bytes,
+        };
+        Pair {
+            a: self.b.clone(),
+            b: self.a.clone(),
+            peak_allocated_diff_bytes: -self.peak_allocated_diff_bytes,
+            peak_reserved_diff_bytes: -self.peak_reserved_diff_bytes,
+            breakdown: self
+                .breakdown
+                .iter()
+                .map(|(k, v)| (*k, v.iter().map(flip).collect()))
+                .collect(),
+            sites_more_in_b: self.sites_more_in_a.iter().map(flip).collect(),
+            sites_more_in_a: self.sites_more_in_b.iter().map(flip).collect(),
+            steps: self
+                .steps
+                .iter()
+                .map(|s| StepPair {
+                    label: s.label.clone(),
+                    a_end_bytes: s.b_end_bytes,
+                    b_end_bytes: s.a_end_bytes,
+                    a_peak_bytes: s.b_peak_bytes,
+                    b_peak_bytes: s.a_peak_bytes,
+                })
+                .collect(),
         }
     }
 }
@@ -239,13 +338,16 @@ pub struct Ranks {
     pub highest: Option<usize>,
     /// Index of the row with the lowest peak.
     pub lowest: Option<usize>,
-    /// Why the highest peaks above the lowest.
+    /// Why the highest peaks above the lowest: the lowest compared against the highest
+    /// (`a` is the lowest, `b` the highest).
     pub why: Option<Pair>,
 }
 
 /// One rank of a [`Ranks`] table.
 #[derive(Clone, Debug, Serialize)]
 pub struct RankRow {
+    /// How the table names it (see [`display_names`]).
+    pub name: String,
     /// Rank from the file name, or the position in the order given.
     pub rank: u32,
     /// Whether the rank came from the file name.
@@ -267,15 +369,20 @@ pub struct RankRow {
 }
 
 impl Ranks {
-    /// Builds the table from profiles and failures `(file, position given, message)`.
+    /// Builds the table from profiles `(position given, profile)` and failures `(position
+    /// given, file, message)`. Rows are in rank order (the position given where the file name
+    /// has no rank), then by device. Only devices with events take part in highest and lowest.
     pub fn new(
         mut profiles: Vec<(usize, Profile)>,
         failures: Vec<(usize, String, String)>,
     ) -> Ranks {
-        let mut rows: Vec<RankRow> = Vec::new();
         profiles.sort_by_key(|(i, p)| (p.rank.unwrap_or(*i as u32), *i, p.report.device));
-        for (i, p) in &profiles {
-            rows.push(RankRow {
+        let refs: Vec<&Profile> = profiles.iter().map(|(_, p)| p).collect();
+        let names = display_names(&refs);
+        let mut rows: Vec<(RankRow, Option<usize>)> = Vec::new();
+        for (k, ((i, p), name)) in profiles.iter().zip(names).enumerate() {
+            let row = RankRow {
+                name,
                 rank: p.rank.unwrap_or(*i as u32),
                 rank_from_name: p.rank.is_some(),
                 file: p.file.clone(),
@@ -290,12 +397,17 @@ impl Ranks {
                     .and_then(|c| c.iter().find(|s| s.label != "pre-existing").or(c.first()))
                     .cloned(),
                 error: None,
-            });
+            };
+            rows.push((row, Some(k)));
         }
-        for (i, file, message) in failures {
-            rows.push(RankRow {
-                rank: rank_from_name(&file).unwrap_or(i as u32),
-                rank_from_name: rank_from_name(&file).is_some(),
+        let failed_files: Vec<&str> = failures.iter().map(|f| f.1.as_str()).collect();
+        let short = short_paths(&failed_files);
+        for ((i, file, message), name) in failures.into_iter().zip(short) {
+            let rank = rank_from_name(&file);
+            let row = RankRow {
+                name: rank.map_or(name, |r| format!("rank {r}")),
+                rank: rank.unwrap_or(i as u32),
+                rank_from_name: rank.is_some(),
                 file,
                 device: None,
                 peak_allocated_bytes: None,
@@ -303,292 +415,39 @@ impl Ranks {
                 peak: None,
                 top_category: None,
                 error: Some(message),
-            });
+            };
+            rows.push((row, None));
         }
-        rows.sort_by_key(|r| (r.rank, r.error.is_some(), r.device));
-        let by_peak = |best: fn(u64, u64) -> bool| {
+        rows.sort_by_key(|(r, _)| (r.rank, r.error.is_some(), r.device));
+        let with_events = |k: &Option<usize>| k.is_some_and(|k| profiles[k].1.report.events > 0);
+        let pick = |higher: bool| {
             let mut pick: Option<usize> = None;
-            for (i, r) in rows.iter().enumerate() {
-                if let Some(p) = r.peak_allocated_bytes {
-                    if pick.is_none_or(|j| best(p, rows[j].peak_allocated_bytes.unwrap_or(0))) {
-                        pick = Some(i);
-                    }
+            for (i, (r, k)) in rows.iter().enumerate() {
+                let (Some(p), true) = (r.peak_allocated_bytes, with_events(k)) else {
+                    continue;
+                };
+                let best = pick.and_then(|j| rows[j].0.peak_allocated_bytes);
+                if best.is_none_or(|b| if higher { p > b } else { p < b }) {
+                    pick = Some(i);
                 }
             }
             pick
         };
-        let highest = by_peak(|a, b| a > b);
-        let lowest = by_peak(|a, b| a < b);
+        let (highest, lowest) = (pick(true), pick(false));
         let why = match (highest, lowest) {
-            (Some(h), Some(l)) if h != l => {
-                let find = |row: &RankRow| {
-                    profiles
-                        .iter()
-                        .find(|(_, p)| p.file == row.file && Some(p.report.device) == row.device)
-                        .map(|(_, p)| p)
-                };
-                match (find(&rows[l]), find(&rows[h])) {
-                    (Some(lo), Some(hi)) => Some(Pair::new(lo, hi)),
-                    _ => None,
-                }
-            }
+            (Some(h), Some(l)) if h != l => match (rows[l].1, rows[h].1) {
+                (Some(x), Some(y)) => Some(Pair::new(&profiles[x].1, &profiles[y].1)),
+                _ => None,
+            },
             _ => None,
         };
         Ranks {
-            rows,
+            rows: rows.into_iter().map(|(r, _)| r).collect(),
             highest,
             lowest,
             why,
         }
     }
-}
-
-fn place(p: &PeakPlace) -> String {
-    p.summary_parts().join(" · ")
-}
-
-/// Keeps the end of a long label (the innermost frames of a site).
-fn shorten_left(s: &str, max: usize) -> String {
-    let n = s.chars().count();
-    if n <= max {
-        s.to_string()
-    } else {
-        let tail: String = s.chars().skip(n - (max - 1)).collect();
-        format!("…{tail}")
-    }
-}
-
-/// The largest increases of a breakdown, in words: `loss +0.98 GiB, ...`.
-fn mostly(rows: &[Diff], n: usize) -> String {
-    rows.iter()
-        .filter(|d| d.diff_bytes > 0)
-        .take(n)
-        .map(|d| format!("{} {}", d.label, units::bytes_delta(d.diff_bytes as i128)))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-fn write_diffs(
-    out: &mut dyn Write,
-    title: &str,
-    a: &str,
-    b: &str,
-    rows: &[Diff],
-    top: usize,
-) -> io::Result<()> {
-    let rows: Vec<&Diff> = rows
-        .iter()
-        .filter(|d| d.diff_bytes != 0)
-        .take(top)
-        .collect();
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let mut t = table(&[title, a, b, "difference"]);
-    for d in rows {
-        t.add_row(vec![
-            shorten_left(&d.label, 72),
-            units::bytes(d.a_bytes),
-            units::bytes(d.b_bytes),
-            units::bytes_delta(d.diff_bytes as i128),
-        ]);
-    }
-    writeln!(out)?;
-    writeln!(out, "{}", indented(&t, "  "))
-}
-
-/// Writes a two-snapshot comparison.
-pub fn write_pair(out: &mut dyn Write, pair: &Pair, top: usize) -> io::Result<()> {
-    let (a, b) = (pair.a.name(), pair.b.name());
-    let (a, b) = if a == b {
-        ("first".to_string(), "second".to_string())
-    } else {
-        (a, b)
-    };
-    writeln!(out, "{a}: {} · device {}", pair.a.file, pair.a.device)?;
-    writeln!(out, "{b}: {} · device {}", pair.b.file, pair.b.device)?;
-    writeln!(out)?;
-    let mut t = table(&["", &a, &b, "difference"]);
-    t.add_row(vec![
-        "peak allocated".to_string(),
-        units::bytes(pair.a.peak_allocated_bytes),
-        units::bytes(pair.b.peak_allocated_bytes),
-        units::bytes_delta(pair.peak_allocated_diff_bytes as i128),
-    ]);
-    t.add_row(vec![
-        "peak reserved".to_string(),
-        units::bytes(pair.a.peak_reserved_bytes),
-        units::bytes(pair.b.peak_reserved_bytes),
-        units::bytes_delta(pair.peak_reserved_diff_bytes as i128),
-    ]);
-    writeln!(out, "{}", indented(&t, "  "))?;
-    writeln!(out)?;
-    writeln!(out, "  {a} peaks in {}", place(&pair.a.peak))?;
-    writeln!(out, "  {b} peaks in {}", place(&pair.b.peak))?;
-    if let Some(stages) = pair.breakdown.get("stage") {
-        let (more_b, more_a) = (mostly(stages, 3), {
-            let flipped: Vec<Diff> = stages
-                .iter()
-                .map(|d| Diff {
-                    diff_bytes: -d.diff_bytes,
-                    ..d.clone()
-                })
-                .collect();
-            mostly(&flipped, 3)
-        });
-        if !more_b.is_empty() {
-            writeln!(out, "  {b} holds more of: {more_b}")?;
-        }
-        if !more_a.is_empty() {
-            writeln!(out, "  {a} holds more of: {more_a}")?;
-        }
-    }
-    for (dim, title) in [
-        ("category", "at the peaks, by category"),
-        ("step", "at the peaks, by step"),
-        ("stage", "at the peaks, by stage"),
-    ] {
-        if let Some(rows) = pair.breakdown.get(dim) {
-            write_diffs(out, title, &a, &b, rows, top)?;
-        }
-    }
-    write_diffs(
-        out,
-        &format!("sites with more at {b}'s peak"),
-        &a,
-        &b,
-        &pair.sites_more_in_b,
-        top.min(6),
-    )?;
-    write_diffs(
-        out,
-        &format!("sites with more at {a}'s peak"),
-        &a,
-        &b,
-        &pair.sites_more_in_a,
-        top.min(6),
-    )?;
-    if !pair.steps.is_empty() {
-        let opt = |v: Option<u64>| v.map_or("-".to_string(), units::bytes);
-        let mut t = table(&[
-            "steps",
-            &format!("{a} end"),
-            &format!("{b} end"),
-            &format!("{a} peak"),
-            &format!("{b} peak"),
-        ]);
-        for s in &pair.steps {
-            t.add_row(vec![
-                s.label.clone(),
-                opt(s.a_end_bytes),
-                opt(s.b_end_bytes),
-                opt(s.a_peak_bytes),
-                opt(s.b_peak_bytes),
-            ]);
-        }
-        writeln!(out)?;
-        writeln!(out, "{}", indented(&t, "  "))?;
-    }
-    Ok(())
-}
-
-/// Writes the table of ranks and why the highest is higher.
-pub fn write_ranks(out: &mut dyn Write, ranks: &Ranks, top: usize) -> io::Result<()> {
-    let mut t = table(&[
-        "rank",
-        "peak allocated",
-        "peak reserved",
-        "peak in",
-        "largest at the peak",
-        "file",
-    ]);
-    for c in [3, 4, 5] {
-        if let Some(col) = t.column_mut(c) {
-            col.set_cell_alignment(comfy_table::CellAlignment::Left);
-        }
-    }
-    for (i, r) in ranks.rows.iter().enumerate() {
-        let mark = if Some(i) == ranks.highest && ranks.rows.len() > 1 {
-            " ◀ highest"
-        } else {
-            ""
-        };
-        let rank = if r.rank_from_name {
-            r.rank.to_string()
-        } else {
-            format!("#{}", r.rank)
-        };
-        let name = std::path::Path::new(&r.file)
-            .file_name()
-            .map_or(r.file.clone(), |n| n.to_string_lossy().into_owned());
-        match &r.error {
-            Some(e) => {
-                t.add_row(vec![
-                    rank,
-                    "-".into(),
-                    "-".into(),
-                    format!("error: {e}"),
-                    String::new(),
-                    name,
-                ]);
-            }
-            None => {
-                t.add_row(vec![
-                    rank,
-                    format!(
-                        "{}{mark}",
-                        units::bytes(r.peak_allocated_bytes.unwrap_or(0))
-                    ),
-                    units::bytes(r.peak_reserved_bytes.unwrap_or(0)),
-                    r.peak.as_ref().map(place).unwrap_or_default(),
-                    r.top_category
-                        .as_ref()
-                        .map(|s| {
-                            format!(
-                                "{} {} ({})",
-                                s.label,
-                                units::bytes(s.bytes),
-                                units::percent(s.bytes, r.peak_allocated_bytes.unwrap_or(0))
-                            )
-                        })
-                        .unwrap_or_default(),
-                    name,
-                ]);
-            }
-        }
-    }
-    writeln!(out, "{}", indented(&t, "  "))?;
-    if let Some(why) = &ranks.why {
-        let (hi, lo) = (why.b.name(), why.a.name());
-        writeln!(out)?;
-        writeln!(
-            out,
-            "  why {hi} peaks {} above {lo}: at their peaks ({} vs {})",
-            units::bytes(why.peak_allocated_diff_bytes.unsigned_abs()),
-            place(&why.b.peak),
-            place(&why.a.peak)
-        )?;
-        if let Some(stages) = why.breakdown.get("stage") {
-            let more = mostly(stages, 3);
-            if !more.is_empty() {
-                writeln!(out, "  {hi} holds more of: {more}")?;
-            }
-        }
-        for (dim, title) in [("category", "by category"), ("stage", "by stage")] {
-            if let Some(rows) = why.breakdown.get(dim) {
-                write_diffs(out, title, &lo, &hi, rows, top.min(6))?;
-            }
-        }
-        write_diffs(
-            out,
-            &format!("sites with more at {hi}'s peak"),
-            &lo,
-            &hi,
-            &why.sites_more_in_b,
-            top.min(4),
-        )?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

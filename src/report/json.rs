@@ -22,10 +22,27 @@
 
 use std::io::{self, Write};
 
+use serde::Serialize;
+
+use super::compare::{Pair, Ranks};
 use super::FileReport;
 
 /// Writes one report as a single JSON line.
 pub fn write(out: &mut dyn Write, report: &FileReport) -> io::Result<()> {
-    serde_json::to_writer(&mut *out, report)?;
+    line(out, report)
+}
+
+/// Writes a two-snapshot comparison as a single JSON line (`a`, `b`, the differences).
+pub fn write_pair(out: &mut dyn Write, pair: &Pair) -> io::Result<()> {
+    line(out, pair)
+}
+
+/// Writes a rank table as a single JSON line (`rows`, `highest`, `lowest`, `why`).
+pub fn write_ranks(out: &mut dyn Write, ranks: &Ranks) -> io::Result<()> {
+    line(out, ranks)
+}
+
+fn line(out: &mut dyn Write, value: &impl Serialize) -> io::Result<()> {
+    serde_json::to_writer(&mut *out, value)?;
     writeln!(out)
 }

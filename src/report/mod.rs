@@ -4,7 +4,6 @@
 //! them as aligned tables for people and [`json`] as one JSON object per file for machines.
 //! Nothing here reads the terminal or formats numbers outside [`crate::units`].
 
-pub mod breakdown;
 pub mod compare;
 pub mod json;
 pub mod text;
@@ -13,72 +12,13 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::attribute::{self, Attribution, PipelineInfo, Preset};
-use crate::replay::{self, EndCheck, Oom, Replay, SizeModel};
+use crate::analysis::{DeviceAnalysis, Dimension, PeakPlace, Share, StepRow};
+use crate::attribute::{PipelineInfo, Preset};
+use crate::replay::{EndCheck, Oom, SizeModel};
 use crate::snapshot::{BlockState, Snapshot, SourceInfo};
-use breakdown::{Dimension, Keyer, Share, StepRow};
 
-/// What to compute and show.
-#[derive(Clone, Debug)]
-pub struct Options {
-    /// How bytes are counted.
-    pub model: SizeModel,
-    /// Attribution options (source roots, preset, custom rules).
-    pub attribution: attribute::Options,
-    /// Dimensions of the peak breakdown to show (the JSON always has them all).
-    pub by: Vec<Dimension>,
-    /// Rows per breakdown table.
-    pub top: usize,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            model: SizeModel::Allocator,
-            attribution: attribute::Options::default(),
-            by: vec![Dimension::Category, Dimension::Step, Dimension::Stage],
-            top: 8,
-        }
-    }
-}
-
-/// Where the peak happened: the labels of the allocation that reached it.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct PeakPlace {
-    /// Pipeline step (or phase) text.
-    pub step: String,
-    /// Op with micro-batches.
-    pub op: String,
-    /// Layer stage or model place.
-    pub stage: String,
-    /// Category of that allocation.
-    pub category: String,
-    /// Layer ordinal within its chunk, if known.
-    pub layer: Option<u16>,
-    /// Allocation site.
-    pub site: String,
-    /// Autograd node or other detail.
-    pub detail: String,
-}
-
-impl PeakPlace {
-    /// The place in a few words: step, op (unless the step already names it), then the stage,
-    /// or for a backward stage its autograd node.
-    pub fn summary_parts(&self) -> Vec<String> {
-        let mut parts = vec![self.step.clone()];
-        if !self.op.is_empty() && !self.step.ends_with(&self.op) {
-            parts.push(self.op.clone());
-        }
-        if self.stage.starts_with("backward (") {
-            if !self.detail.is_empty() {
-                parts.push(self.detail.clone());
-            }
-        } else if !self.stage.is_empty() {
-            parts.push(self.stage.clone());
-        }
-        parts
-    }
-}
+/// Allocation sites kept in a report (the text shows fewer).
+pub const TOP_SITES: usize = 50;
 
 /// How the trace was labelled.
 #[derive(Clone, Debug, Serialize)]
@@ -183,12 +123,6 @@ pub struct DeviceReport {
     pub top_sites: Vec<Share>,
     /// One row per pipeline step (or phase) in time order.
     pub steps: Vec<StepRow>,
-    /// Dimensions the text report shows.
-    #[serde(skip)]
-    pub show: Vec<Dimension>,
-    /// Rows per table in the text report.
-    #[serde(skip)]
-    pub top: usize,
 }
 
 /// Everything the report says about one file.
@@ -236,30 +170,22 @@ fn largest_free_block(snap: &Snapshot, device: u32) -> u64 {
 }
 
 impl DeviceReport {
-    /// Summarises a replayed, attributed device.
-    pub fn new(snap: &Snapshot, r: &Replay, a: &Attribution, options: &Options) -> DeviceReport {
+    /// Summarises an analysed device.
+    pub fn new(a: &DeviceAnalysis) -> DeviceReport {
+        let (snap, r) = (a.snap, &a.replay);
         let peak = r.peaks.allocated;
-        let live = breakdown::live_at(snap, r, a, peak.event);
-        let mut keyer = Keyer::new(snap, a);
-        let mut peak_breakdown = BTreeMap::new();
-        for d in Dimension::ALL {
-            if d == Dimension::Site {
-                continue;
-            }
-            let mut shares = breakdown::group(&mut keyer, d, &live);
-            reconcile(
-                &mut shares,
-                peak.bytes,
-                d,
-                &keyer_preexisting_label(&mut keyer, a, d),
-            );
-            peak_breakdown.insert(d.as_str(), shares);
-        }
-        let top_sites: Vec<Share> = breakdown::group(&mut keyer, Dimension::Site, &live)
-            .into_iter()
-            .take(options.top.max(1) * 3)
+        let peak_breakdown = a
+            .peak_breakdown
+            .iter()
+            .filter(|(d, _)| *d != Dimension::Site)
+            .map(|(d, shares)| (d.as_str(), shares.clone()))
             .collect();
-        let place = Self::peak_place(snap, r, a);
+        let top_sites = a
+            .peak_shares(Dimension::Site)
+            .iter()
+            .take(TOP_SITES)
+            .cloned()
+            .collect();
         let reserved_at_peak = r.reserved_at(peak.event);
         DeviceReport {
             device: r.device,
@@ -290,110 +216,24 @@ impl DeviceReport {
             ooms: r.ooms.clone(),
             check: r.check.clone(),
             attribution: AttributionSummary {
-                preset: a.preset,
-                pipeline: a.pipeline.clone(),
+                preset: a.attribution.preset,
+                pipeline: a.attribution.pipeline.clone(),
             },
-            peak: place,
+            peak: a.peak_place.clone(),
             peak_breakdown,
             top_sites,
-            steps: breakdown::step_table(snap, r, a),
-            show: options.by.clone(),
-            top: options.top,
+            steps: a.steps.clone(),
         }
     }
-}
-
-impl DeviceReport {
-    /// Where the allocated peak was reached: the labels of the allocation that reached it (the
-    /// event itself, or the newest allocation before it when the peak event is a free).
-    pub fn peak_place(snap: &Snapshot, r: &Replay, a: &Attribution) -> PeakPlace {
-        let Some(i) = r.peaks.allocated.event else {
-            return PeakPlace {
-                step: "before the trace".into(),
-                ..PeakPlace::default()
-            };
-        };
-        let events = snap.trace(r.device);
-        let owner = (0..=i)
-            .rev()
-            .find(|&k| events[k].action == crate::snapshot::Action::Alloc)
-            .unwrap_or(i);
-        let l = &a.labels[owner];
-        PeakPlace {
-            step: a.step_text(l, a.multi_step()),
-            op: a.op_text(l),
-            stage: a.names.get(l.stage).to_string(),
-            category: l.category.as_str().to_string(),
-            layer: (l.layer != u16::MAX).then_some(l.layer),
-            site: attribute::frames::site(snap, events[owner].stack, 4),
-            detail: a.names.get(l.detail).to_string(),
-        }
-    }
-}
-
-fn keyer_preexisting_label(keyer: &mut Keyer, a: &Attribution, d: Dimension) -> String {
-    let l = attribute::Label {
-        category: attribute::Category::PreExisting,
-        call: u32::MAX,
-        mb: attribute::NO_MB,
-        mb_backward: attribute::NO_MB,
-        ..Default::default()
-    };
-    let _ = a;
-    keyer.key(d, &l, crate::snapshot::StackId::EMPTY)
-}
-
-/// Makes a breakdown add up to `total`: with rounded sizes the series is anchored at the
-/// snapshot's end, and the difference belongs to the memory that was there before the trace.
-fn reconcile(shares: &mut Vec<Share>, total: u64, _d: Dimension, pre_label: &str) {
-    let sum: u64 = shares.iter().map(|s| s.bytes).sum();
-    if sum == total {
-        return;
-    }
-    let diff = total as i128 - sum as i128;
-    match shares.iter_mut().find(|s| s.label == pre_label) {
-        Some(s) => s.bytes = (s.bytes as i128 + diff).max(0) as u64,
-        None if diff > 0 => shares.push(Share {
-            label: pre_label.to_string(),
-            bytes: diff as u64,
-            count: 0,
-        }),
-        None => {}
-    }
-    shares.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.label.cmp(&b.label)));
 }
 
 impl FileReport {
-    /// Replays, attributes and summarises every device of a snapshot.
-    pub fn new(file: &str, snap: &Snapshot, options: &Options) -> FileReport {
-        Self::with_each_device(file, snap, options, |_, _| {})
-    }
-
-    /// [`FileReport::new`], handing each device's replay and attribution to `also` (to draw
-    /// it, say) so they are computed once.
-    pub fn with_each_device(
-        file: &str,
-        snap: &Snapshot,
-        options: &Options,
-        mut also: impl FnMut(&Replay, &Attribution),
-    ) -> FileReport {
-        let mut devices: Vec<u32> = snap.devices_with_events().collect();
-        if devices.is_empty() {
-            devices = snap.devices();
-        }
-        let devices = devices
-            .into_iter()
-            .map(|d| {
-                let r = replay::replay(snap, d, options.model);
-                let a = attribute::attribute(snap, &r, &options.attribution);
-                also(&r, &a);
-                DeviceReport::new(snap, &r, &a, options)
-            })
-            .collect();
+    /// The report of a file from the analyses of its devices.
+    pub fn new(file: &str, snap: &Snapshot, devices: &[DeviceAnalysis]) -> FileReport {
         FileReport {
             file: file.to_string(),
             source: snap.source.clone(),
-            devices,
+            devices: devices.iter().map(DeviceReport::new).collect(),
         }
     }
 }

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::*;
-use crate::pickle::{self, Adopter, Decoded, Heap, Limits, Ref, Value};
+use crate::pickle::{self, Adopter, Decoded, FieldError, Heap, Limits, Ref, Value};
 use crate::{Error, ErrorKind};
 
 const FRAME: u8 = 1;
@@ -155,7 +155,7 @@ impl EntryCompactor {
     }
 
     /// Converts a trace entry dict into a row.
-    fn event_of(&mut self, heap: &Heap, d: Ref) -> Result<TraceEvent, String> {
+    fn event_of(&mut self, heap: &Heap, d: Ref) -> Result<TraceEvent, FieldError> {
         let empty = StrId(K_EMPTY);
         let mut ev = TraceEvent {
             addr: 0,
@@ -215,7 +215,7 @@ impl Adopter for EntryCompactor {
         heap: &mut Heap,
         key: Option<Value>,
         value: Value,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, FieldError> {
         match value {
             Value::Dict(d) => {
                 let (mut action, mut name, mut filename) = (false, false, false);
@@ -286,7 +286,7 @@ fn describe(v: Value) -> &'static str {
 }
 
 #[inline]
-fn unsigned(heap: &Heap, v: Value, what: &str) -> Result<u64, String> {
+fn unsigned(heap: &Heap, v: Value, what: &str) -> Result<u64, FieldError> {
     if let Value::Int(i) = v {
         if i >= 0 {
             return Ok(i as u64);
@@ -296,15 +296,17 @@ fn unsigned(heap: &Heap, v: Value, what: &str) -> Result<u64, String> {
 }
 
 #[cold]
-fn unsigned_slow(heap: &Heap, v: Value, what: &str) -> Result<u64, String> {
+fn unsigned_slow(heap: &Heap, v: Value, what: &str) -> Result<u64, FieldError> {
     match heap.int(v) {
-        Some(i) => u64::try_from(i).map_err(|_| format!("{what} is {i}, not a 64-bit size")),
-        None => Err(format!("{what} is {}, expected an int", describe(v))),
+        Some(i) => {
+            u64::try_from(i).map_err(|_| FieldError::new(what, i.to_string(), "a 64-bit size"))
+        }
+        None => Err(FieldError::new(what, describe(v), "an int")),
     }
 }
 
 #[inline]
-fn signed(heap: &Heap, v: Value, what: &str) -> Result<i64, String> {
+fn signed(heap: &Heap, v: Value, what: &str) -> Result<i64, FieldError> {
     if let Value::Int(i) = v {
         return Ok(i);
     }
@@ -312,12 +314,12 @@ fn signed(heap: &Heap, v: Value, what: &str) -> Result<i64, String> {
 }
 
 #[cold]
-fn signed_slow(heap: &Heap, v: Value, what: &str) -> Result<i64, String> {
+fn signed_slow(heap: &Heap, v: Value, what: &str) -> Result<i64, FieldError> {
     match heap.int(v) {
         Some(i) => i64::try_from(i)
             .or_else(|_| u64::try_from(i).map(|u| u as i64))
-            .map_err(|_| format!("{what} is {i}, out of 64-bit range")),
-        None => Err(format!("{what} is {}, expected an int", describe(v))),
+            .map_err(|_| FieldError::new(what, i.to_string(), "a 64-bit integer")),
+        None => Err(FieldError::new(what, describe(v), "an int")),
     }
 }
 
@@ -335,34 +337,37 @@ impl Reader<'_> {
             .and_then(|k| self.heap.dict_get(d, k))
     }
 
-    fn int_field(&self, d: Ref, name: &str, ctx: &str) -> Result<Option<i128>, String> {
+    fn int_field(&self, d: Ref, name: &str, ctx: &str) -> Result<Option<i128>, FieldError> {
         match self.key(d, name) {
             None | Some(Value::None) => Ok(None),
             Some(v) => self
                 .heap
                 .int(v)
                 .map(Some)
-                .ok_or_else(|| format!("{ctx}.{name} is {}, expected an int", describe(v))),
+                .ok_or_else(|| FieldError::new(format!("{ctx}.{name}"), describe(v), "an int")),
         }
     }
 
-    fn u64_field(&self, d: Ref, name: &str, ctx: &str) -> Result<Option<u64>, String> {
+    fn u64_field(&self, d: Ref, name: &str, ctx: &str) -> Result<Option<u64>, FieldError> {
         self.int_field(d, name, ctx)?
-            .map(|i| u64::try_from(i).map_err(|_| format!("{ctx}.{name} is {i}, not a size")))
+            .map(|i| {
+                u64::try_from(i)
+                    .map_err(|_| FieldError::new(format!("{ctx}.{name}"), i.to_string(), "a size"))
+            })
             .transpose()
     }
 
-    fn list_items(&self, v: Value, ctx: &str) -> Result<&[Value], String> {
+    fn list_items(&self, v: Value, ctx: &str) -> Result<&[Value], FieldError> {
         match v {
             Value::List(l) | Value::Tuple(l) => Ok(self.heap.list(l)),
-            other => Err(format!("{ctx} is {}, expected a list", describe(other))),
+            other => Err(FieldError::new(ctx, describe(other), "a list")),
         }
     }
 
-    fn dict_id(&self, v: Value, ctx: &str) -> Result<Ref, String> {
+    fn dict_id(&self, v: Value, ctx: &str) -> Result<Ref, FieldError> {
         match v {
             Value::Dict(d) => Ok(d),
-            other => Err(format!("{ctx} is {}, expected a dict", describe(other))),
+            other => Err(FieldError::new(ctx, describe(other), "a dict")),
         }
     }
 
@@ -373,7 +378,7 @@ impl Reader<'_> {
         }
     }
 
-    fn segment(&mut self, v: Value, i: usize) -> Result<Segment, String> {
+    fn segment(&mut self, v: Value, i: usize) -> Result<Segment, FieldError> {
         let ctx = format!("segments[{i}]");
         let d = self.dict_id(v, &ctx)?;
         let address = self.u64_field(d, "address", &ctx)?.unwrap_or(0);
@@ -429,7 +434,7 @@ impl Reader<'_> {
         })
     }
 
-    fn block(&mut self, v: Value, ctx: &str, cursor: u64) -> Result<Block, String> {
+    fn block(&mut self, v: Value, ctx: &str, cursor: u64) -> Result<Block, FieldError> {
         let d = self.dict_id(v, ctx)?;
         let size = self.u64_field(d, "size", ctx)?.unwrap_or(0);
         let state = match self.key(d, "state").and_then(|v| self.heap.text(v)) {
@@ -461,7 +466,7 @@ impl Reader<'_> {
         })
     }
 
-    fn annotation(&self, v: Value, i: usize) -> Result<Annotation, String> {
+    fn annotation(&self, v: Value, i: usize) -> Result<Annotation, FieldError> {
         let ctx = format!("external_annotations[{i}]");
         let d = self.dict_id(v, &ctx)?;
         let stage = match self.key(d, "stage").and_then(|v| self.heap.text(v)) {
@@ -482,7 +487,7 @@ impl Reader<'_> {
         })
     }
 
-    fn settings(&self, v: Value) -> Result<AllocatorSettings, String> {
+    fn settings(&self, v: Value) -> Result<AllocatorSettings, FieldError> {
         let d = self.dict_id(v, "allocator_settings")?;
         let mut s = AllocatorSettings::default();
         for &(k, val) in self.heap.dict(d) {
@@ -550,15 +555,16 @@ fn take_traces(
     heap: &Heap,
     compactor: &mut EntryCompactor,
     lists: &[Value],
-) -> Result<Vec<Vec<TraceEvent>>, String> {
+) -> Result<Vec<Vec<TraceEvent>>, FieldError> {
     let mut ids: Vec<Vec<u32>> = Vec::with_capacity(lists.len());
     for (dev, &list) in lists.iter().enumerate() {
         let items = match list {
             Value::List(l) | Value::Tuple(l) => heap.list(l),
             other => {
-                return Err(format!(
-                    "device_traces[{dev}] is {}, expected a list",
-                    describe(other)
+                return Err(FieldError::new(
+                    format!("device_traces[{dev}]"),
+                    describe(other),
+                    "a list",
                 ))
             }
         };
@@ -573,9 +579,10 @@ fn take_traces(
                     rows.push((compactor.events.len() - 1) as u32);
                 }
                 other => {
-                    return Err(format!(
-                        "device_traces[{dev}][{i}] is {}, expected a trace entry dict",
-                        describe(other)
+                    return Err(FieldError::new(
+                        format!("device_traces[{dev}][{i}]"),
+                        describe(other),
+                        "a trace entry dict",
                     ))
                 }
             }
@@ -587,12 +594,13 @@ fn take_traces(
         for &r in rows {
             let slot = taken
                 .get_mut(r as usize)
-                .ok_or_else(|| "trace entry out of range".to_string())?;
+                .ok_or_else(|| FieldError::new("device_traces", "out of range", "a trace entry"))?;
             if *slot {
-                return Err(
-                    "a trace entry appears twice in device_traces (not written by PyTorch)"
-                        .to_string(),
-                );
+                return Err(FieldError::new(
+                    "device_traces",
+                    "a list holding one trace entry twice",
+                    "each entry once (as PyTorch writes them)",
+                ));
             }
             *slot = true;
         }

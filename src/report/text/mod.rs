@@ -1,12 +1,33 @@
-//! The human report: short sentences and aligned tables with units.
+//! The human report: short sentences and aligned tables with units. [`compare`] renders
+//! comparisons the same way.
+
+pub mod compare;
 
 use std::io::{self, Write};
 
 use comfy_table::{CellAlignment, ContentArrangement, LineStyle, Table, TableStyle};
 
-use super::breakdown::Share;
 use super::{DeviceReport, FileReport};
+use crate::analysis::{Dimension, Share};
 use crate::units;
+
+/// What the text shows (the data holds more).
+#[derive(Clone, Debug)]
+pub struct TextOptions {
+    /// Peak breakdowns to show, in order.
+    pub by: Vec<Dimension>,
+    /// Rows per table.
+    pub top: usize,
+}
+
+impl Default for TextOptions {
+    fn default() -> Self {
+        TextOptions {
+            by: vec![Dimension::Category, Dimension::Step, Dimension::Stage],
+            top: 8,
+        }
+    }
+}
 
 const STYLE: TableStyle =
     TableStyle::new().header_separator(LineStyle::none().fill('─').junction('─'));
@@ -41,12 +62,12 @@ pub fn indented(t: &Table, by: &str) -> String {
 }
 
 /// Writes the report of one file.
-pub fn write(out: &mut dyn Write, report: &FileReport) -> io::Result<()> {
+pub fn write(out: &mut dyn Write, report: &FileReport, options: &TextOptions) -> io::Result<()> {
     if report.devices.is_empty() {
         writeln!(out, "{}: no devices with events or segments", report.file)?;
     }
     for d in &report.devices {
-        write_device(out, &report.file, d)?;
+        write_device(out, &report.file, d, options)?;
     }
     Ok(())
 }
@@ -84,7 +105,12 @@ fn status_line(d: &DeviceReport) -> String {
     parts.join(" · ")
 }
 
-fn write_device(out: &mut dyn Write, file: &str, d: &DeviceReport) -> io::Result<()> {
+fn write_device(
+    out: &mut dyn Write,
+    file: &str,
+    d: &DeviceReport,
+    options: &TextOptions,
+) -> io::Result<()> {
     writeln!(out, "{file} · device {}", d.device)?;
     writeln!(out, "  {}", status_line(d))?;
     writeln!(out)?;
@@ -146,7 +172,7 @@ fn write_device(out: &mut dyn Write, file: &str, d: &DeviceReport) -> io::Result
             units::bytes(oom.device_free)
         )?;
     }
-    write_attribution(out, d)?;
+    write_attribution(out, d, options)?;
     if !d.replay_consistent {
         writeln!(
             out,
@@ -201,7 +227,11 @@ fn write_shares(
     writeln!(out, "{}", indented(&t, "  "))
 }
 
-fn write_attribution(out: &mut dyn Write, d: &DeviceReport) -> io::Result<()> {
+fn write_attribution(
+    out: &mut dyn Write,
+    d: &DeviceReport,
+    options: &TextOptions,
+) -> io::Result<()> {
     let p = &d.peak;
     let mut place = vec![p.step.clone()];
     if !p.op.is_empty() && !p.step.ends_with(&p.op) {
@@ -234,9 +264,9 @@ fn write_attribution(out: &mut dyn Write, d: &DeviceReport) -> io::Result<()> {
         }
     }
     let total = d.peak_allocated_bytes;
-    for dim in &d.show {
+    for dim in &options.by {
         let name = dim.as_str();
-        let shares = if *dim == super::breakdown::Dimension::Site {
+        let shares = if *dim == Dimension::Site {
             &d.top_sites
         } else {
             match d.peak_breakdown.get(name) {
@@ -249,7 +279,7 @@ fn write_attribution(out: &mut dyn Write, d: &DeviceReport) -> io::Result<()> {
             &format!("live at the peak, by {name}"),
             shares,
             total,
-            d.top,
+            options.top,
         )?;
     }
     if !d.steps.is_empty() {
@@ -293,13 +323,13 @@ fn write_attribution(out: &mut dyn Write, d: &DeviceReport) -> io::Result<()> {
         writeln!(out)?;
         writeln!(out, "{}", indented(&t, "  "))?;
     }
-    if !d.show.contains(&super::breakdown::Dimension::Site) {
+    if !options.by.contains(&Dimension::Site) {
         write_shares(
             out,
             "top allocation sites live at the peak",
             &d.top_sites,
             total,
-            d.top,
+            options.top,
         )?;
     }
     Ok(())

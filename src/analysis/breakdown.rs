@@ -1,7 +1,7 @@
 //! What memory was made of: the live blocks at a moment grouped by a label, the per-step
 //! table, and the allocation sites live at the peak.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use serde::Serialize;
 
@@ -82,9 +82,9 @@ impl<'a> Keyer<'a> {
     /// The group of an allocation with label `l` and stack `stack` in dimension `d`.
     pub fn key(&mut self, d: Dimension, l: &Label, stack: StackId) -> String {
         let a = self.attribution;
-        let before_trace = l.category == Category::PreExisting && l.call == u32::MAX;
+        let before_trace = l.is_before_trace();
         if before_trace && !matches!(d, Dimension::Category | Dimension::Site) {
-            return "before the trace".to_string();
+            return super::BEFORE_TRACE.to_string();
         }
         let text = match d {
             Dimension::Category => l.category.as_str().to_string(),
@@ -411,9 +411,4 @@ fn iteration_ends(replay: &Replay, a: &Attribution, first: usize, last: usize) -
         .filter(|c| a.labels[c.1].op == last_op)
         .map(|c| replay.allocated[c.2])
         .collect()
-}
-
-/// Turns a breakdown into a `label -> bytes` map (for JSON).
-pub fn as_map(shares: &[Share]) -> BTreeMap<String, u64> {
-    shares.iter().map(|s| (s.label.clone(), s.bytes)).collect()
 }

@@ -1,4 +1,5 @@
-//! The only code that looks at the terminal: progress bars on stderr.
+//! The only code that looks at the terminal: progress bars on stderr, drawn only when stderr is
+//! a terminal.
 
 use std::path::Path;
 use std::sync::Arc;

@@ -1,0 +1,289 @@
+//! Comparisons as text: two snapshots side by side, or one row per rank.
+
+use std::io::{self, Write};
+
+use super::{indented, table};
+use crate::analysis::PeakPlace;
+use crate::report::compare::{short_paths, Diff, Pair, Ranks};
+use crate::units;
+
+fn place(p: &PeakPlace) -> String {
+    p.summary_parts().join(" · ")
+}
+
+/// Keeps the end of a long label (the innermost frames of a site).
+fn shorten_left(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max {
+        s.to_string()
+    } else {
+        let tail: String = s.chars().skip(n - (max - 1)).collect();
+        format!("…{tail}")
+    }
+}
+
+/// The largest increases of a breakdown, in words: `loss +0.98 GiB, ...`.
+fn mostly(rows: &[Diff], n: usize) -> String {
+    rows.iter()
+        .filter(|d| d.diff_bytes > 0)
+        .take(n)
+        .map(|d| format!("{} {}", d.label, units::bytes_delta(d.diff_bytes as i128)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn write_diffs(
+    out: &mut dyn Write,
+    title: &str,
+    a: &str,
+    b: &str,
+    rows: &[Diff],
+    top: usize,
+) -> io::Result<()> {
+    let rows: Vec<&Diff> = rows
+        .iter()
+        .filter(|d| d.diff_bytes != 0)
+        .take(top)
+        .collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut t = table(&[title, a, b, "difference"]);
+    for d in rows {
+        t.add_row(vec![
+            shorten_left(&d.label, 72),
+            units::bytes(d.a_bytes),
+            units::bytes(d.b_bytes),
+            units::bytes_delta(d.diff_bytes as i128),
+        ]);
+    }
+    writeln!(out)?;
+    writeln!(out, "{}", indented(&t, "  "))
+}
+
+/// Writes a two-snapshot comparison.
+pub fn write_pair(out: &mut dyn Write, pair: &Pair, top: usize) -> io::Result<()> {
+    let (a, b) = (pair.a.name.clone(), pair.b.name.clone());
+    writeln!(out, "{a}: {} · device {}", pair.a.file, pair.a.device)?;
+    writeln!(out, "{b}: {} · device {}", pair.b.file, pair.b.device)?;
+    writeln!(out)?;
+    let mut t = table(&["", &a, &b, "difference"]);
+    t.add_row(vec![
+        "peak allocated".to_string(),
+        units::bytes(pair.a.peak_allocated_bytes),
+        units::bytes(pair.b.peak_allocated_bytes),
+        units::bytes_delta(pair.peak_allocated_diff_bytes as i128),
+    ]);
+    t.add_row(vec![
+        "peak reserved".to_string(),
+        units::bytes(pair.a.peak_reserved_bytes),
+        units::bytes(pair.b.peak_reserved_bytes),
+        units::bytes_delta(pair.peak_reserved_diff_bytes as i128),
+    ]);
+    writeln!(out, "{}", indented(&t, "  "))?;
+    writeln!(out)?;
+    writeln!(out, "  {a} peaks in {}", place(&pair.a.peak))?;
+    writeln!(out, "  {b} peaks in {}", place(&pair.b.peak))?;
+    if let Some(stages) = pair.breakdown.get("stage") {
+        let (more_b, more_a) = (mostly(stages, 3), {
+            let flipped: Vec<Diff> = stages
+                .iter()
+                .map(|d| Diff {
+                    diff_bytes: -d.diff_bytes,
+                    ..d.clone()
+                })
+                .collect();
+            mostly(&flipped, 3)
+        });
+        if !more_b.is_empty() {
+            writeln!(out, "  {b} holds more of: {more_b}")?;
+        }
+        if !more_a.is_empty() {
+            writeln!(out, "  {a} holds more of: {more_a}")?;
+        }
+    }
+    for (dim, title) in [
+        ("category", "at the peaks, by category"),
+        ("step", "at the peaks, by step"),
+        ("stage", "at the peaks, by stage"),
+    ] {
+        if let Some(rows) = pair.breakdown.get(dim) {
+            write_diffs(out, title, &a, &b, rows, top)?;
+        }
+    }
+    write_diffs(
+        out,
+        &format!("sites with more at {b}'s peak"),
+        &a,
+        &b,
+        &pair.sites_more_in_b,
+        top.min(6),
+    )?;
+    write_diffs(
+        out,
+        &format!("sites with more at {a}'s peak"),
+        &a,
+        &b,
+        &pair.sites_more_in_a,
+        top.min(6),
+    )?;
+    if !pair.steps.is_empty() {
+        let opt = |v: Option<u64>| v.map_or("-".to_string(), units::bytes);
+        let mut t = table(&[
+            "steps",
+            &format!("{a} end"),
+            &format!("{b} end"),
+            &format!("{a} peak"),
+            &format!("{b} peak"),
+        ]);
+        for s in &pair.steps {
+            t.add_row(vec![
+                s.label.clone(),
+                opt(s.a_end_bytes),
+                opt(s.b_end_bytes),
+                opt(s.a_peak_bytes),
+                opt(s.b_peak_bytes),
+            ]);
+        }
+        writeln!(out)?;
+        writeln!(out, "{}", indented(&t, "  "))?;
+    }
+    Ok(())
+}
+
+/// Writes the table of ranks and why the highest is higher.
+pub fn write_ranks(out: &mut dyn Write, ranks: &Ranks, top: usize) -> io::Result<()> {
+    let mut t = table(&[
+        "rank",
+        "device",
+        "peak allocated",
+        "peak reserved",
+        "peak in",
+        "largest at the peak",
+        "file",
+    ]);
+    for c in [4, 5, 6] {
+        if let Some(col) = t.column_mut(c) {
+            col.set_cell_alignment(comfy_table::CellAlignment::Left);
+        }
+    }
+    let paths: Vec<&str> = ranks.rows.iter().map(|r| r.file.as_str()).collect();
+    let files = short_paths(&paths);
+    for (i, r) in ranks.rows.iter().enumerate() {
+        let mark = if Some(i) == ranks.highest && ranks.rows.len() > 1 {
+            " ◀ highest"
+        } else {
+            ""
+        };
+        let rank = if r.rank_from_name {
+            r.rank.to_string()
+        } else {
+            format!("#{}", r.rank)
+        };
+        let name = files[i].clone();
+        let device = r.device.map_or("-".to_string(), |d| d.to_string());
+        match &r.error {
+            Some(e) => {
+                t.add_row(vec![
+                    rank,
+                    device,
+                    "-".into(),
+                    "-".into(),
+                    format!("error: {e}"),
+                    String::new(),
+                    name,
+                ]);
+            }
+            None => {
+                t.add_row(vec![
+                    rank,
+                    device,
+                    format!(
+                        "{}{mark}",
+                        units::bytes(r.peak_allocated_bytes.unwrap_or(0))
+                    ),
+                    units::bytes(r.peak_reserved_bytes.unwrap_or(0)),
+                    r.peak.as_ref().map(place).unwrap_or_default(),
+                    r.top_category
+                        .as_ref()
+                        .map(|s| {
+                            format!(
+                                "{} {} ({})",
+                                s.label,
+                                units::bytes(s.bytes),
+                                units::percent(s.bytes, r.peak_allocated_bytes.unwrap_or(0))
+                            )
+                        })
+                        .unwrap_or_default(),
+                    name,
+                ]);
+            }
+        }
+    }
+    writeln!(out, "{}", indented(&t, "  "))?;
+    if let (Some(why), Some(hi), Some(lo)) = (&ranks.why, ranks.highest, ranks.lowest) {
+        // columns in the table's order
+        if hi < lo {
+            write_why(out, &why.swapped(), top)?;
+        } else {
+            write_why(out, why, top)?;
+        }
+    }
+    Ok(())
+}
+
+/// Why the highest rank peaks above the lowest, with the two in table order.
+fn write_why(out: &mut dyn Write, why: &Pair, top: usize) -> io::Result<()> {
+    let b_higher = why.peak_allocated_diff_bytes >= 0;
+    let (hi, lo) = if b_higher {
+        (&why.b, &why.a)
+    } else {
+        (&why.a, &why.b)
+    };
+    writeln!(out)?;
+    writeln!(
+        out,
+        "  why {} peaks {} above {}: at their peaks ({} vs {})",
+        hi.name,
+        units::bytes(why.peak_allocated_diff_bytes.unsigned_abs()),
+        lo.name,
+        place(&hi.peak),
+        place(&lo.peak)
+    )?;
+    if let Some(stages) = why.breakdown.get("stage") {
+        let towards_hi: Vec<Diff> = stages
+            .iter()
+            .map(|d| Diff {
+                diff_bytes: if b_higher {
+                    d.diff_bytes
+                } else {
+                    -d.diff_bytes
+                },
+                ..d.clone()
+            })
+            .collect();
+        let more = mostly(&towards_hi, 3);
+        if !more.is_empty() {
+            writeln!(out, "  {} holds more of: {more}", hi.name)?;
+        }
+    }
+    let (a, b) = (&why.a.name, &why.b.name);
+    for (dim, title) in [("category", "by category"), ("stage", "by stage")] {
+        if let Some(rows) = why.breakdown.get(dim) {
+            write_diffs(out, title, a, b, rows, top.min(6))?;
+        }
+    }
+    let sites = if b_higher {
+        &why.sites_more_in_b
+    } else {
+        &why.sites_more_in_a
+    };
+    write_diffs(
+        out,
+        &format!("sites with more at {}'s peak", hi.name),
+        a,
+        b,
+        sites,
+        top.min(4),
+    )
+}
