@@ -255,7 +255,7 @@ pub(crate) fn label(
             l.train_step = train_step;
         }
         l.stage = if f.stage == super::NameId::default() && phase == Phase::Backward {
-            names.intern("backward (autograd thread)")
+            names.intern(super::AUTOGRAD_THREAD)
         } else {
             f.stage
         };

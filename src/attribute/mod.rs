@@ -205,6 +205,10 @@ impl Label {
     }
 }
 
+/// The stage of backward allocations made on the autograd thread (their node, when the stack
+/// names it, is the label's detail).
+pub const AUTOGRAD_THREAD: &str = "backward (autograd thread)";
+
 /// Which rule set labelled a trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

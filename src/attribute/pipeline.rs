@@ -179,12 +179,27 @@ impl Stages {
 
 /// Built-in stage names, by the function `layer_forward` calls.
 fn stage_of_callee(name: &str) -> Option<(u32, &'static str)> {
-    Some(match name {
-        "forward_stage1" | "forward_stage1_compute" | "prepare_dispatch" => (1, "attention + gate"),
-        "dispatch_a2a" => (2, "dispatch all-to-all"),
-        "forward_stage3" => (3, "experts"),
-        "combine_a2a" => (4, "combine all-to-all"),
-        "forward_stage5" => (5, "combine + residual"),
+    let n = match name {
+        "forward_stage1" | "forward_stage1_compute" | "prepare_dispatch" => 1,
+        "dispatch_a2a" => 2,
+        "forward_stage3" => 3,
+        "combine_a2a" => 4,
+        "forward_stage5" => 5,
+        _ => return None,
+    };
+    Some((n, stage_name(n)?))
+}
+
+/// The names of the five layer stages. The same names are used whether the stage number came
+/// from the source's `# Stage N.` comments or from the function called, so that a report
+/// reads the same with and without `--source-root`.
+fn stage_name(n: u32) -> Option<&'static str> {
+    Some(match n {
+        1 => "attention + gate",
+        2 => "dispatch all-to-all",
+        3 => "experts",
+        4 => "combine all-to-all",
+        5 => "combine + residual",
         _ => return None,
     })
 }
@@ -238,7 +253,7 @@ fn stage_of_stack(
     let frame = user[lf];
     let callee = user.get(lf + 1).map(|f| snap.str(f.name));
     let (n, mut text) = match stages.region(snap, sources, &frame, callee) {
-        Some((n, text)) if !text.is_empty() => (n, text),
+        Some((n, text)) if !text.is_empty() => (n, stage_name(n).map_or(text, str::to_string)),
         _ => {
             let (n, text) = callee.and_then(stage_of_callee)?;
             (n, text.to_string())
@@ -283,10 +298,72 @@ pub(crate) fn label(
     labels: &mut [Label],
 ) -> Option<PipelineInfo> {
     let events = snap.trace(replay.device);
-    let mut cache = frames::PerStack::new(snap);
-    let mut fact = |s: StackId| cache.get(s, || facts(snap, s));
+    let mut facts = frames::PerStack::new(snap);
+    // 1. the calls made by `step()`'s call sites, and its invocations
+    let mut scan = scan_calls(snap, events, &mut facts)?;
+    let path = snap.str(scan.file).to_string();
+    // 2. the `# Step N` regions of `step()`, from the source or inferred
+    let found = step_regions(snap, replay, sources, &scan, &path, &mut facts)?;
+    for c in &mut scan.calls {
+        c.step = step_of_line(&found.regions, c.site);
+    }
+    // 3. the pipeline's shape, and calls repeating one site split into their iterations
+    let shape = found.shape.or_else(|| shape_from_calls(&scan.calls));
+    if let Some(shape) = shape {
+        split_iterations(snap, events, &mut scan, &shape);
+    }
+    // 4. each call's op, phase and micro-batches
+    let call_labels = label_calls(&scan.calls, shape.as_ref(), names);
+    // 5. each event's labels
+    label_events(
+        snap,
+        events,
+        &scan,
+        &call_labels,
+        sources,
+        names,
+        labels,
+        &mut facts,
+    );
+    Some(PipelineInfo {
+        note: found.note,
+        steps_from: found.steps_from,
+        shape,
+        regions: found
+            .regions
+            .iter()
+            .filter(|r| (1..=8).contains(&r.0))
+            .copied()
+            .collect(),
+        file: path,
+    })
+}
 
-    // 2. calls and invocations
+/// The facts of a stack, computed once per distinct stack.
+fn fact(cache: &mut frames::PerStack<StackFacts>, snap: &Snapshot, s: StackId) -> StackFacts {
+    cache.get(s, || facts(snap, s))
+}
+
+/// The calls made by `DualPipeV.step`'s call sites, in order.
+struct CallScan {
+    calls: Vec<Call>,
+    /// For each event, the call it ran in (`u32::MAX`: none).
+    call_of: Vec<u32>,
+    /// For each call, its events on the main thread.
+    main_of_call: Vec<Vec<usize>>,
+    /// For each event, the invocation of `step()` (training step) it belongs to.
+    train_step: Vec<u16>,
+    /// The file defining `step()`.
+    file: crate::snapshot::StrId,
+    /// The line of the first call site seen, inside `step()`.
+    anchor: u32,
+}
+
+fn scan_calls(
+    snap: &Snapshot,
+    events: &[crate::snapshot::TraceEvent],
+    cache: &mut frames::PerStack<StackFacts>,
+) -> Option<CallScan> {
     let mut calls: Vec<Call> = Vec::new();
     let mut call_of = vec![u32::MAX; events.len()];
     let mut main_of_call: Vec<Vec<usize>> = Vec::new();
@@ -296,7 +373,7 @@ pub(crate) fn label(
     let mut anchor = 0;
     let mut train_step = vec![0u16; events.len()];
     for (i, e) in events.iter().enumerate() {
-        let f = fact(e.stack);
+        let f = fact(cache, snap, e.stack);
         match f.step {
             Some((line, path, kind)) => {
                 if outside && !calls.is_empty() {
@@ -337,39 +414,68 @@ pub(crate) fn label(
         }
         train_step[i] = invocation;
     }
-    let file = file?;
-    let path = snap.str(file).to_string();
+    Some(CallScan {
+        calls,
+        call_of,
+        main_of_call,
+        train_step,
+        file: file?,
+        anchor,
+    })
+}
 
-    // 3. step regions
+/// Where the steps of `step()` are, and how that was found.
+struct FoundRegions {
+    /// `(step, first line, last line)`, including the regions before step 1 and after step 8.
+    regions: Vec<(u8, u32, u32)>,
+    steps_from: StepSource,
+    /// The shape, when inference found it.
+    shape: Option<Shape>,
+    note: Option<String>,
+}
+
+/// Whether the source's lines call, at the recorded call sites, the functions the trace shows
+/// (nine in ten at least).
+fn source_matches_trace(snap: &Snapshot, calls: &[Call], lines: &[String]) -> bool {
+    let mut sites: Vec<(u32, crate::snapshot::StrId)> =
+        calls.iter().map(|c| (c.site, c.callee)).collect();
+    sites.sort_unstable();
+    sites.dedup();
+    let named: Vec<_> = sites.iter().filter(|s| !snap.str(s.1).is_empty()).collect();
+    let ok = named
+        .iter()
+        .filter(|(line, callee)| {
+            lines
+                .get(*line as usize - 1)
+                .is_some_and(|t| t.contains(snap.str(*callee)))
+        })
+        .count();
+    ok * 10 >= named.len() * 9
+}
+
+fn step_regions(
+    snap: &Snapshot,
+    replay: &Replay,
+    sources: &mut SourceFiles,
+    scan: &CallScan,
+    path: &str,
+    cache: &mut frames::PerStack<StackFacts>,
+) -> Option<FoundRegions> {
     let step_marker = Regex::new(r"^\s*#\s*Step\s+(\d+)").expect("valid");
-    let mut note = None;
-    let matches_trace = |lines: &[String]| -> bool {
-        let mut sites: Vec<(u32, crate::snapshot::StrId)> =
-            calls.iter().map(|c| (c.site, c.callee)).collect();
-        sites.sort_unstable();
-        sites.dedup();
-        let named: Vec<_> = sites.iter().filter(|s| !snap.str(s.1).is_empty()).collect();
-        let ok = named
-            .iter()
-            .filter(|(line, callee)| {
-                lines
-                    .get(*line as usize - 1)
-                    .is_some_and(|t| t.contains(snap.str(*callee)))
-            })
-            .count();
-        ok * 10 >= named.len() * 9
-    };
-    let source_ok = sources.lines(&path).map(matches_trace);
-    if source_ok == Some(false) {
-        note = Some(format!(
+    let calls = &scan.calls;
+    let source_ok = sources
+        .lines(path)
+        .map(|lines| source_matches_trace(snap, calls, lines));
+    let note = (source_ok == Some(false)).then(|| {
+        format!(
             "the source found for {path} does not match the trace (other line numbers); steps were inferred instead"
-        ));
-    }
+        )
+    });
     let source_regions: Option<Vec<(u8, u32, u32)>> = sources
-        .lines(&path)
+        .lines(path)
         .filter(|_| source_ok == Some(true))
         .map(|lines| {
-            let r = source::marker_regions(lines, "step", anchor, &step_marker);
+            let r = source::marker_regions(lines, "step", scan.anchor, &step_marker);
             let mut out: Vec<(u8, u32, u32)> =
                 r.iter().map(|&(n, a, b)| (n.min(8) as u8, a, b)).collect();
             if let (Some(first), Some(last)) = (r.first(), r.last()) {
@@ -378,85 +484,108 @@ pub(crate) fn label(
             }
             out
         });
+    if let Some(regions) = source_regions.filter(|r| r.len() > 2) {
+        return Some(FoundRegions {
+            regions,
+            steps_from: StepSource::Source {
+                file: sources.resolved(path).unwrap_or(path).to_string(),
+            },
+            shape: None,
+            note,
+        });
+    }
     let first_rank = Some(
         frames::distinct_stacks(snap, replay.device)
             .into_iter()
             .any(|s| frames::user_frames(snap, s).any(|f| snap.str(f.name) == "forward_prolog")),
     )
     .filter(|&b| b);
-    let (regions, steps_from, inferred_shape) = match source_regions.filter(|r| r.len() > 2) {
-        Some(r) => (r, StepSource::Source { file: path.clone() }, None),
-        None => {
-            let first: Vec<(u32, CallKind)> = calls
-                .iter()
-                .filter(|c| c.invocation == 0)
-                .map(|c| (c.site, c.kind))
-                .collect();
-            let started_outside = calls
-                .first()
-                .is_some_and(|c| (0..c.first).any(|i| fact(events[i].stack).main_thread));
-            let cut = infer::Cut {
-                head: !replay.history.complete && !started_outside,
-                tail: !replay.ooms.is_empty(),
-            };
-            let (r, shape) = infer::infer(&first, first_rank, cut)?;
-            (r, StepSource::Inferred, shape)
-        }
+    let first: Vec<(u32, CallKind)> = calls
+        .iter()
+        .filter(|c| c.invocation == 0)
+        .map(|c| (c.site, c.kind))
+        .collect();
+    let events = snap.trace(replay.device);
+    let started_outside = calls
+        .first()
+        .is_some_and(|c| (0..c.first).any(|i| fact(cache, snap, events[i].stack).main_thread));
+    let cut = infer::Cut {
+        head: !replay.history.complete && !started_outside,
+        tail: !replay.ooms.is_empty(),
     };
-    let step_of_line = |line: u32| -> u8 {
-        // Regions cover the function; between inferred regions a line belongs to the region
-        // that starts at or before it.
-        let mut best = STEP_BEFORE;
-        for &(s, a, b) in &regions {
-            if a <= line && line <= b {
-                return s;
-            }
-            if a <= line {
-                best = s;
-            }
+    let (regions, shape) = infer::infer(&first, first_rank, cut)?;
+    Some(FoundRegions {
+        regions,
+        steps_from: StepSource::Inferred,
+        shape,
+        note,
+    })
+}
+
+/// The step of a line: regions cover the function; between inferred regions a line belongs to
+/// the region that starts at or before it.
+fn step_of_line(regions: &[(u8, u32, u32)], line: u32) -> u8 {
+    let mut best = STEP_BEFORE;
+    for &(s, a, b) in regions {
+        if a <= line && line <= b {
+            return s;
         }
-        best
-    };
-    for c in &mut calls {
-        c.step = step_of_line(c.site);
-    }
-
-    // 4. shape
-    let shape = inferred_shape.or_else(|| shape_from_calls(&calls));
-
-    // Split calls that repeat one site into their iterations.
-    if let Some(shape) = shape {
-        let counts = shape.iterations();
-        let mut k = 0;
-        while k < calls.len() {
-            let step = calls[k].step;
-            let inv = calls[k].invocation;
-            let same_step: Vec<usize> = (k..calls.len())
-                .take_while(|&j| calls[j].step == step && calls[j].invocation == inv)
-                .collect();
-            let next = k + same_step.len();
-            let sites: std::collections::BTreeSet<u32> =
-                same_step.iter().map(|&j| calls[j].site).collect();
-            if (1..=8).contains(&step) && sites.len() == 1 && same_step.len() == 1 {
-                let want = counts[step as usize - 1] as usize;
-                if want >= 2 {
-                    let cuts = choose_cuts(
-                        &restarts(snap, events, &main_of_call[k]),
-                        &main_of_call[k],
-                        want - 1,
-                    );
-                    split_call(&mut calls, &mut call_of, &mut main_of_call, k, &cuts);
-                    k += cuts.len() + 1;
-                    continue;
-                }
-            }
-            k = next;
+        if a <= line {
+            best = s;
         }
     }
+    best
+}
 
-    // 5. phases and micro-batches
+/// Splits each call that stands for a whole loop of one site into the loop's iterations, as
+/// many as the schedule gives its step.
+fn split_iterations(
+    snap: &Snapshot,
+    events: &[crate::snapshot::TraceEvent],
+    scan: &mut CallScan,
+    shape: &Shape,
+) {
+    let counts = shape.iterations();
+    let calls = &mut scan.calls;
+    let mut k = 0;
+    while k < calls.len() {
+        let step = calls[k].step;
+        let inv = calls[k].invocation;
+        let same_step = (k..calls.len())
+            .take_while(|&j| calls[j].step == step && calls[j].invocation == inv)
+            .count();
+        let one_site = same_step == 1;
+        if (1..=8).contains(&step) && one_site {
+            let want = counts[step as usize - 1] as usize;
+            if want >= 2 {
+                let cuts = choose_cuts(
+                    &restarts(snap, events, &scan.main_of_call[k]),
+                    &scan.main_of_call[k],
+                    want - 1,
+                );
+                split_call(calls, &mut scan.call_of, &mut scan.main_of_call, k, &cuts);
+                k += cuts.len() + 1;
+                continue;
+            }
+        }
+        k += same_step;
+    }
+}
+
+/// What a call is: its op, micro-batches and phase.
+#[derive(Clone, Copy, Debug)]
+struct CallLabel {
+    op: super::NameId,
+    mb: u16,
+    mb_backward: u16,
+    phase: Phase,
+}
+
+/// Names each call's op and micro-batches from the schedule: the i-th call site of a step's
+/// kind runs that step's i-th chunk phase, and each phase counts its own micro-batches.
+fn label_calls(calls: &[Call], shape: Option<&Shape>, names: &mut Names) -> Vec<CallLabel> {
     let mut sites_by: HashMap<(u8, CallKind), Vec<u32>> = HashMap::new();
-    for c in &calls {
+    for c in calls {
         let v = sites_by.entry((c.step, c.kind)).or_default();
         if !v.contains(&c.site) {
             v.push(c.site);
@@ -465,12 +594,11 @@ pub(crate) fn label(
     for v in sites_by.values_mut() {
         v.sort_unstable();
     }
-    let mut call_labels: Vec<(super::NameId, u16, u16, Phase, Option<u8>)> =
-        Vec::with_capacity(calls.len());
+    let mut out = Vec::with_capacity(calls.len());
     let mut counters: HashMap<(u16, bool, u8), u16> = HashMap::new();
     let mut deferred: HashMap<u16, VecDeque<(u8, u16)>> = HashMap::new();
     let mut iteration: HashMap<(u16, u8, u32), u32> = HashMap::new();
-    for c in &calls {
+    for c in calls {
         let sites = &sites_by[&(c.step, c.kind)];
         let i = sites.iter().position(|&s| s == c.site).unwrap_or(0);
         let (pf, pb) = schedule::phases(c.step, c.kind, i, sites.len());
@@ -484,7 +612,7 @@ pub(crate) fn label(
             *n += 1;
             *n - 1
         };
-        let (op, mb, mbb, phase) = match c.kind {
+        let (op, mb, mb_backward, phase) = match c.kind {
             CallKind::Forward => {
                 let p = pf.unwrap_or(0);
                 (format!("F{p}"), next(true, p), NO_MB, Phase::Forward)
@@ -492,10 +620,8 @@ pub(crate) fn label(
             CallKind::Backward => {
                 let p = pb.unwrap_or(0);
                 let mb = next(false, p);
-                if let Some(shape) = &shape {
-                    if schedule::zero_bubble(c.step, p, it, shape) {
-                        deferred.entry(c.invocation).or_default().push_back((p, mb));
-                    }
+                if shape.is_some_and(|shape| schedule::zero_bubble(c.step, p, it, shape)) {
+                    deferred.entry(c.invocation).or_default().push_back((p, mb));
                 }
                 (format!("B{p}"), mb, NO_MB, Phase::Backward)
             }
@@ -517,36 +643,54 @@ pub(crate) fn label(
             CallKind::Send => ("send".to_string(), NO_MB, NO_MB, Phase::Communication),
             CallKind::Other => ("other".to_string(), NO_MB, NO_MB, Phase::Other),
         };
-        call_labels.push((names.intern(&op), mb, mbb, phase, pb));
+        out.push(CallLabel {
+            op: names.intern(&op),
+            mb,
+            mb_backward,
+            phase,
+        });
     }
+    out
+}
 
-    // Event labels: step, op, micro-batch, phase, stage, layer, detail.
+/// Gives every event its call's step, op, micro-batches and phase, and its own stage, layer
+/// and (on the autograd thread) autograd node.
+#[allow(clippy::too_many_arguments)]
+fn label_events(
+    snap: &Snapshot,
+    events: &[crate::snapshot::TraceEvent],
+    scan: &CallScan,
+    call_labels: &[CallLabel],
+    sources: &mut SourceFiles,
+    names: &mut Names,
+    labels: &mut [Label],
+    cache: &mut frames::PerStack<StackFacts>,
+) {
     let mut stages = Stages::new();
     let mut stage_cache: frames::PerStack<Option<(super::NameId, bool)>> =
         frames::PerStack::new(snap);
     let mut node_cache: frames::PerStack<Option<super::NameId>> = frames::PerStack::new(snap);
-    let autograd_thread = names.intern("backward (autograd thread)");
-    let no_frames = names.intern("backward (no frames)");
-    let mut layer: Vec<(u16, bool)> = vec![(0, false); calls.len()];
+    let autograd_thread = names.intern(super::AUTOGRAD_THREAD);
+    let mut layer: Vec<(u16, bool)> = vec![(0, false); scan.calls.len()];
     for (i, e) in events.iter().enumerate() {
         let l = &mut labels[i];
-        l.train_step = train_step[i];
-        let c = call_of[i];
+        l.train_step = scan.train_step[i];
+        let c = scan.call_of[i];
         if c == u32::MAX {
             continue;
         }
-        let call = &calls[c as usize];
-        let (op, mb, mbb, phase, _) = call_labels[c as usize];
+        let call = &scan.calls[c as usize];
+        let cl = call_labels[c as usize];
         l.call = c;
         l.pipe_step = call.step;
-        l.op = op;
-        l.mb = mb;
-        l.mb_backward = mbb;
-        let main = fact(e.stack).step.is_some();
+        l.op = cl.op;
+        l.mb = cl.mb;
+        l.mb_backward = cl.mb_backward;
+        let main = fact(cache, snap, e.stack).step.is_some();
         l.phase = match call.kind {
             CallKind::ForwardBackward if !main => Phase::Backward,
             CallKind::Forward | CallKind::Backward | CallKind::Weight if !main => Phase::Backward,
-            _ => phase,
+            _ => cl.phase,
         };
         let stage = stage_cache.get(e.stack, || {
             stage_of_stack(snap, e.stack, sources, &mut stages)
@@ -563,32 +707,16 @@ pub(crate) fn label(
                 l.layer = entry.0.saturating_sub(1);
             }
         } else if !main {
-            let node = node_cache.get(e.stack, || {
+            if let Some(node) = node_cache.get(e.stack, || {
                 frames::autograd_node(snap, e.stack).map(|n| names.intern(&n))
-            });
-            let stage = match node {
-                Some(node) => {
-                    l.detail = node;
-                    autograd_thread
-                }
-                None => no_frames,
-            };
+            }) {
+                l.detail = node;
+            }
             if l.phase == Phase::Backward {
-                l.stage = stage;
+                l.stage = autograd_thread;
             }
         }
     }
-    Some(PipelineInfo {
-        note,
-        steps_from,
-        shape,
-        regions: regions
-            .iter()
-            .filter(|r| (1..=8).contains(&r.0))
-            .copied()
-            .collect(),
-        file: path,
-    })
 }
 
 /// Shape from the iteration counts of steps 2, 3 and 4 in the first invocation.

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Default)]
 pub struct SourceFiles {
     roots: Vec<PathBuf>,
-    cache: HashMap<String, Option<Vec<String>>>,
+    cache: HashMap<String, Option<(PathBuf, Vec<String>)>>,
 }
 
 impl SourceFiles {
@@ -43,13 +43,25 @@ impl SourceFiles {
     /// The lines of the file recorded as `recorded`, if it can be found.
     pub fn lines(&mut self, recorded: &str) -> Option<&[String]> {
         if !self.cache.contains_key(recorded) {
-            let lines = self
-                .locate(recorded)
-                .and_then(|p| std::fs::read_to_string(p).ok())
-                .map(|text| text.lines().map(str::to_string).collect());
-            self.cache.insert(recorded.to_string(), lines);
+            let found = self.locate(recorded).and_then(|p| {
+                let text = std::fs::read_to_string(&p).ok()?;
+                Some((p, text.lines().map(str::to_string).collect()))
+            });
+            self.cache.insert(recorded.to_string(), found);
         }
-        self.cache.get(recorded).and_then(|l| l.as_deref())
+        self.cache
+            .get(recorded)
+            .and_then(|l| l.as_ref())
+            .map(|(_, lines)| lines.as_slice())
+    }
+
+    /// Where the file recorded as `recorded` was read from, once [`SourceFiles::lines`] found
+    /// it.
+    pub fn resolved(&self, recorded: &str) -> Option<&str> {
+        self.cache
+            .get(recorded)
+            .and_then(|l| l.as_ref())
+            .and_then(|(p, _)| p.to_str())
     }
 }
 

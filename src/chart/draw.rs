@@ -9,6 +9,8 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::palette;
+use plotters::coord::types::RangedCoordf64;
+
 use super::series::{self, Series, XAxis};
 use super::{ChartError, Format, Options};
 use crate::analysis::{DeviceAnalysis, Dimension};
@@ -54,9 +56,21 @@ pub struct Panel {
     pub events: usize,
 }
 
-const FONT: &str = "sans-serif";
+/// The embedded font's name; SVG files name it too, so a viewer with DejaVu Sans shows the
+/// same letters as the PNG.
+const FONT: &str = "DejaVu Sans";
 const GIB: f64 = (1u64 << 30) as f64;
-const LEGEND_WIDTH: u32 = 400;
+/// The legend's width in an image `width` pixels wide.
+fn legend_width(width: u32) -> u32 {
+    (width / 4).clamp(230, 400)
+}
+
+/// How large text and marks are drawn in a `width` x `height` image (1 at 1600 x 900).
+fn scale_for(width: u32, height: u32) -> f64 {
+    (width as f64 / 1600.0)
+        .min(height as f64 / 900.0)
+        .clamp(0.7, 1.0)
+}
 
 /// A plotters error as a chart error.
 fn drawing<E: std::error::Error + Send + Sync>(e: DrawingAreaErrorKind<E>) -> ChartError {
@@ -141,7 +155,7 @@ pub(super) fn render(
 ) -> Result<ChartInfo, ChartError> {
     register_font();
     let size = (options.width.max(400), options.height.max(300));
-    let columns = (size.0.saturating_sub(LEGEND_WIDTH + 120)).max(50) as usize;
+    let columns = (size.0.saturating_sub(legend_width(size.0) + 120)).max(50) as usize;
     let p = panel(a, options, title, columns);
     match format {
         Format::Png => {
@@ -168,29 +182,140 @@ pub fn render_panels(
 ) -> Result<(), ChartError> {
     register_font();
     let format = super::check_output(out)?;
-    let size = (options.width.max(400), options.height.max(300));
+    let many = panels.len() > MAX_PANELS;
+    let size = if many {
+        (options.width.max(800), options.height.max(450))
+    } else {
+        let (cols, rows) = grid_shape(panels.len());
+        let width = legend_width(options.width) + cols as u32 * MIN_PANEL.0;
+        let height = 78 + rows as u32 * MIN_PANEL.1;
+        (options.width.max(width), options.height.max(height))
+    };
     match format {
         Format::Png => {
             let root = BitMapBackend::new(out, size).into_drawing_area();
-            grid(&root, panels, options, title)?;
+            draw_on(&root, panels, options, title, many)?;
             root.present().map_err(drawing)
         }
         Format::Svg => {
             let root = SVGBackend::new(out, size).into_drawing_area();
-            grid(&root, panels, options, title)?;
+            draw_on(&root, panels, options, title, many)?;
             root.present().map_err(drawing)
         }
     }
 }
 
-fn y_max_for(panels: &[&Panel]) -> f64 {
-    let top = panels
+/// Beyond this many panels, one chart of every panel's peak replaces the small multiples.
+const MAX_PANELS: usize = 16;
+
+/// The smallest panel of a grid, in pixels: the image grows so that no panel is smaller.
+const MIN_PANEL: (u32, u32) = (420, 260);
+
+/// Columns and rows of a grid of `n` panels: one column up to three, then a square.
+fn grid_shape(n: usize) -> (usize, usize) {
+    let n = n.max(1);
+    let cols = if n <= 3 {
+        1
+    } else {
+        (n as f64).sqrt().ceil() as usize
+    };
+    (cols, n.div_ceil(cols))
+}
+
+fn draw_on<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    panels: &[Panel],
+    options: &Options,
+    title: &str,
+    many: bool,
+) -> Result<(), ChartError>
+where
+    DB::ErrorType: 'static,
+{
+    if many {
+        peaks_per_panel(root, panels, title)
+    } else {
+        grid(root, panels, options, title)
+    }
+}
+
+/// One bar per panel (rank): its peak allocated bytes, with its peak reserved as a tick; the
+/// highest bar in the peak colour.
+fn peaks_per_panel<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    panels: &[Panel],
+    title: &str,
+) -> Result<(), ChartError>
+where
+    DB::ErrorType: 'static,
+{
+    let err = drawing::<DB::ErrorType>;
+    root.fill(&WHITE).map_err(err)?;
+    let (head, body) = root.split_vertically(78);
+    let highest = panels.iter().map(|p| p.peak.0).max().unwrap_or(0);
+    let subtitle = format!(
+        "peak allocated of each of {} snapshots (bars), peak reserved (ticks) · highest {}",
+        panels.len(),
+        units::bytes(highest)
+    );
+    header(&head, title, &subtitle).map_err(err)?;
+    let y_max = (top_of(&panels.iter().collect::<Vec<_>>()) as f64 / GIB * 1.1).max(0.01);
+    let n = panels.len();
+    let mut chart = ChartBuilder::on(&body)
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..n as f64, 0.0..y_max)
+        .map_err(err)?;
+    let names: Vec<String> = panels.iter().map(|p| p.title.clone()).collect();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n.min(32))
+        .x_label_formatter(&|v| {
+            let i = v.floor() as usize;
+            names
+                .get(i)
+                .map(|t| t.split(" · ").next().unwrap_or(t).replace("rank ", ""))
+                .unwrap_or_default()
+        })
+        .x_desc("rank")
+        .y_desc("GiB")
+        .label_style((FONT, 13))
+        .axis_desc_style((FONT, 16))
+        .draw()
+        .map_err(err)?;
+    for (i, p) in panels.iter().enumerate() {
+        let colour = if p.peak.0 == highest {
+            palette::PEAK
+        } else {
+            RGBColor(0x4c, 0x72, 0xb0)
+        };
+        let x = i as f64;
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(x + 0.15, 0.0), (x + 0.85, p.peak.0 as f64 / GIB)],
+                colour.filled(),
+            )))
+            .map_err(err)?;
+        let r = p.reserved_peak as f64 / GIB;
+        chart
+            .draw_series(std::iter::once(PathElement::new(
+                vec![(x + 0.1, r), (x + 0.9, r)],
+                palette::RESERVED.stroke_width(2),
+            )))
+            .map_err(err)?;
+    }
+    Ok(())
+}
+
+/// The highest line of the panels, in bytes: every panel's y axis reaches above it.
+fn top_of(panels: &[&Panel]) -> u64 {
+    panels
         .iter()
         .map(|p| p.reserved_peak.max(p.peak.0))
         .max()
-        .unwrap_or(0);
-    // headroom above the highest line for the step and peak labels
-    (top as f64 / GIB * 1.24).max(0.01)
+        .unwrap_or(0)
 }
 
 fn header<DB: DrawingBackend>(
@@ -198,15 +323,22 @@ fn header<DB: DrawingBackend>(
     title: &str,
     subtitle: &str,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let (width, _) = area.dim_in_pixel();
+    let scale = scale_for(width, 900);
     area.draw(&Text::new(
-        shorten(title, 110),
+        shorten(title, (width as f64 / (15.0 * scale)) as usize),
         (24, 14),
-        (FONT, 26).into_font().style(FontStyle::Bold).color(&BLACK),
+        (FONT, (26.0 * scale) as u32)
+            .into_font()
+            .style(FontStyle::Bold)
+            .color(&BLACK),
     ))?;
     area.draw(&Text::new(
-        subtitle.to_string(),
+        shorten(subtitle, (width as f64 / (9.5 * scale)) as usize),
         (24, 50),
-        (FONT, 17).into_font().color(&RGBColor(0x55, 0x55, 0x55)),
+        (FONT, (17.0 * scale) as u32)
+            .into_font()
+            .color(&RGBColor(0x55, 0x55, 0x55)),
     ))
 }
 
@@ -222,7 +354,9 @@ where
     let (width, height) = root.dim_in_pixel();
     root.fill(&WHITE).map_err(err)?;
     let (head, body) = root.split_vertically(78);
-    let (plot_area, legend_area) = body.split_horizontally(width.saturating_sub(LEGEND_WIDTH));
+    let scale = scale_for(width, height);
+    let (plot_area, legend_area) =
+        body.split_horizontally(width.saturating_sub(legend_width(width)));
     let subtitle = format!(
         "allocated by {}, reserved as a line · peak {} · {} events",
         options.by.as_str(),
@@ -232,16 +366,30 @@ where
     header(&head, &p.title, &subtitle).map_err(err)?;
     let colours = palette::assign(&p.series.groups);
     let (info, at_peak) =
-        draw_panel(&plot_area, p, &colours, y_max_for(&[p]), true, 1.0).map_err(err)?;
-    draw_legend(
-        &legend_area,
-        &p.series.groups,
-        &colours,
-        &at_peak,
-        options,
-        Some(p.reserved_peak),
-    )
-    .map_err(err)?;
+        draw_panel(&plot_area, p, &colours, top_of(&[p]), true, scale).map_err(err)?;
+    // what is live at the peak, then what was large at other times
+    let rows = |live: bool| {
+        (0..p.series.groups.len())
+            .rev()
+            .filter(|&g| (at_peak[g] > 0) == live)
+            .filter(|&g| live || p.series.groups[g] != series::OTHER)
+            .map(|g| {
+                let bytes = live.then_some(at_peak[g]);
+                (p.series.groups[g].as_str(), colours[g], bytes)
+            })
+            .collect()
+    };
+    let sections = [
+        LegendSection {
+            heading: format!("live at the peak, by {}", options.by.as_str()),
+            rows: rows(true),
+        },
+        LegendSection {
+            heading: "large at other times".to_string(),
+            rows: rows(false),
+        },
+    ];
+    draw_legend(&legend_area, &sections, options, Some(p.reserved_peak)).map_err(err)?;
     Ok(ChartInfo {
         width,
         height,
@@ -269,7 +417,7 @@ where
         units::bytes(highest)
     );
     header(&head, title, &subtitle).map_err(err)?;
-    let (plots, legend_area) = body.split_horizontally(width.saturating_sub(LEGEND_WIDTH));
+    let (plots, legend_area) = body.split_horizontally(width.saturating_sub(legend_width(width)));
     // one colour per label across every panel
     let mut groups: Vec<String> = Vec::new();
     for p in panels {
@@ -281,14 +429,9 @@ where
     }
     let colours = palette::assign(&groups);
     let refs: Vec<&Panel> = panels.iter().collect();
-    let y_max = y_max_for(&refs);
+    let top = top_of(&refs);
     let n = panels.len().max(1);
-    let cols = if n <= 3 {
-        1
-    } else {
-        (n as f64).sqrt().ceil() as usize
-    };
-    let rows = n.div_ceil(cols);
+    let (cols, rows) = grid_shape(n);
     let cells = plots.split_evenly((rows, cols));
     let scale = if n <= 2 { 0.9 } else { 0.75 };
     for (p, cell) in panels.iter().zip(cells.iter()) {
@@ -308,7 +451,7 @@ where
                     .style(FontStyle::Bold),
             ))
             .map_err(err)?;
-        draw_panel(&plot, p, &panel_colours, y_max, n <= 2, scale).map_err(err)?;
+        draw_panel(&plot, p, &panel_colours, top, n <= 2, scale).map_err(err)?;
     }
     let highest_at: Vec<u64> = groups
         .iter()
@@ -331,9 +474,20 @@ where
                 .unwrap_or(0)
         })
         .collect();
-    draw_legend(&legend_area, &groups, &colours, &highest_at, options, None).map_err(err)?;
+    let sections = [LegendSection {
+        heading: format!("by {} (highest of the panels)", options.by.as_str()),
+        rows: (0..groups.len())
+            .rev()
+            .filter(|&g| highest_at[g] > 0)
+            .map(|g| (groups[g].as_str(), colours[g], Some(highest_at[g])))
+            .collect(),
+    }];
+    draw_legend(&legend_area, &sections, options, None).map_err(err)?;
     Ok(())
 }
+
+/// The plotting coordinates of a panel: seconds (or events) across, GiB up.
+type Plot<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 
 /// Draws one panel's axes, bands, areas, reserved line, OOMs and peak; returns where things
 /// went and the groups' bytes at the peak.
@@ -341,13 +495,18 @@ fn draw_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     p: &Panel,
     colours: &[RGBColor],
-    y_max: f64,
+    top: u64,
     peak_labels: bool,
     scale: f64,
 ) -> Result<(ChartInfo, Vec<u64>), DrawingAreaErrorKind<DB::ErrorType>> {
     let s = &p.series;
-    let font = |size: f64| (FONT, (size * scale).round().max(9.0) as u32);
     let (x0, x1) = s.x_range;
+    // Room above the highest line for the lines of text: step names, names of narrow steps,
+    // the peak's label and (with `peak_labels`) what it was made of.
+    let text_lines = if peak_labels { 4.0 } else { 3.0 };
+    let plot_height = area.dim_in_pixel().1 as f64 - 24.0 - 56.0 * scale;
+    let text_room = (8.0 + text_lines * LINE * scale) / plot_height.max(1.0);
+    let y_max = (top as f64 / GIB / (1.0 - text_room.min(0.6)) * 1.03).max(0.01);
     let x_desc = match s.axis {
         XAxis::Time => "seconds from the first recorded event",
         XAxis::Events => "event",
@@ -360,14 +519,17 @@ fn draw_panel<DB: DrawingBackend>(
         .x_label_area_size((56.0 * scale) as u32)
         .y_label_area_size((78.0 * scale) as u32)
         .build_cartesian_2d(x0..x1.max(x0 + 1e-9), 0.0..y_max)?;
+    let (pixels, _) = chart.plotting_area().dim_in_pixel();
+    let x_labels = ((pixels as f64 / (110.0 * scale)) as usize).clamp(2, 12);
     chart
         .configure_mesh()
         .light_line_style(RGBColor(0xee, 0xee, 0xee))
         .bold_line_style(RGBColor(0xdd, 0xdd, 0xdd))
+        .x_labels(x_labels)
         .x_desc(x_desc)
         .y_desc("GiB")
-        .axis_desc_style(font(18.0))
-        .label_style(font(16.0))
+        .axis_desc_style(font(18.0, scale))
+        .label_style(font(16.0, scale))
         .x_label_formatter(&|v| {
             if s.axis == XAxis::Events {
                 units::count(v.max(0.0) as u64)
@@ -379,133 +541,24 @@ fn draw_panel<DB: DrawingBackend>(
         })
         .y_label_formatter(&|v| format!("{v:.1}"))
         .draw()?;
-    let (xr, _) = chart.plotting_area().get_pixel_range();
-    let x_span = (x1 - x0).max(1e-12);
-    let px = move |x: f64| -> i32 {
-        xr.start + ((x - x0) / x_span * (xr.end - xr.start - 1) as f64).round() as i32
+    let lines = TextLines {
+        y_max,
+        step: y_max * LINE * scale / plot_height.max(1.0),
+        top: y_max * (1.0 - 6.0 / plot_height.max(1.0)),
     };
-
-    // steps (or phases) as bands
-    for (k, (short, xa, xb)) in p.bands.iter().enumerate() {
-        if k % 2 == 0 {
-            chart.draw_series(std::iter::once(Rectangle::new(
-                [(*xa, 0.0), (*xb, y_max)],
-                RGBColor(0xf3, 0xf4, 0xf7).filled(),
-            )))?;
-        }
-        let wide = px(*xb) - px(*xa);
-        if wide as f64 >= (short.len() as f64 * 9.0 + 6.0) * scale {
-            chart.draw_series(std::iter::once(Text::new(
-                short.clone(),
-                ((xa + xb) / 2.0, y_max * 0.985),
-                font(15.0)
-                    .into_font()
-                    .color(&RGBColor(0x66, 0x66, 0x66))
-                    .pos(Pos::new(HPos::Center, VPos::Top)),
-            )))?;
-        }
-    }
-
+    draw_bands(&mut chart, p, &lines, scale)?;
     // Reserved memory, drawn under the areas: it is never below allocated memory, so only its
     // vertical jumps meet the areas, and there the allocated spike must stay visible.
     chart.draw_series(LineSeries::new(
         s.columns.iter().map(|c| (c.x, c.reserved as f64 / GIB)),
         palette::RESERVED.stroke_width(2),
     ))?;
-
-    // stacked areas, bottom band first
-    let mut lower: Vec<f64> = vec![0.0; s.columns.len()];
-    for (g, colour) in colours.iter().enumerate() {
-        let upper: Vec<f64> = s
-            .columns
-            .iter()
-            .zip(&lower)
-            .map(|(c, lo)| lo + c.groups[g] as f64 / GIB)
-            .collect();
-        if upper.iter().zip(&lower).all(|(u, l)| (u - l).abs() < 1e-12) {
-            lower = upper;
-            continue;
-        }
-        let mut points: Vec<(f64, f64)> = s
-            .columns
-            .iter()
-            .map(|c| c.x)
-            .zip(upper.iter().copied())
-            .collect();
-        points.extend(
-            s.columns
-                .iter()
-                .map(|c| c.x)
-                .zip(lower.iter().copied())
-                .rev(),
-        );
-        chart.draw_series(std::iter::once(Polygon::new(points, colour.filled())))?;
-        lower = upper;
-    }
-
-    // out-of-memory events
-    for &(x, requested) in &p.ooms {
-        chart.draw_series(std::iter::once(PathElement::new(
-            vec![(x, 0.0), (x, y_max * 0.93)],
-            palette::OOM.stroke_width(3),
-        )))?;
-        chart.draw_series(std::iter::once(Text::new(
-            format!("OOM: {} requested", units::bytes(requested)),
-            (x, y_max * 0.93),
-            font(17.0)
-                .into_font()
-                .color(&palette::OOM)
-                .pos(Pos::new(HPos::Right, VPos::Bottom)),
-        )))?;
-    }
-
-    // the peak: dashed from just above it up to its label, so the peak itself stays visible
+    draw_areas(&mut chart, s, colours)?;
+    draw_ooms(&mut chart, p, &lines, scale)?;
+    draw_peak(&mut chart, p, &lines, peak_labels, scale)?;
     let (peak_bytes, peak_x) = p.peak;
-    let peak_top = peak_bytes as f64 / GIB;
-    let dash = y_max / 80.0;
-    let mut y = peak_top + dash * 1.5;
-    let mut dashes = Vec::new();
-    while y < y_max * 0.84 {
-        dashes.push(PathElement::new(
-            vec![(peak_x, y), (peak_x, (y + dash).min(y_max * 0.84))],
-            palette::PEAK.stroke_width(2),
-        ));
-        y += dash * 2.0;
-    }
-    chart.draw_series(dashes)?;
-    chart.draw_series(std::iter::once(Circle::new(
-        (peak_x, peak_top),
-        (6.0 * scale).max(3.0) as u32,
-        palette::PEAK.filled(),
-    )))?;
-    let right_half = px(peak_x) > px((x0 + x1) / 2.0);
-    let anchor = Pos::new(
-        if right_half { HPos::Right } else { HPos::Left },
-        VPos::Bottom,
-    );
-    let label = if peak_labels {
-        shorten(&p.peak_label, 80)
-    } else {
-        format!("peak {}", units::bytes(peak_bytes))
-    };
-    chart.draw_series(std::iter::once(Text::new(
-        label,
-        (peak_x, y_max * 0.905),
-        font(18.0)
-            .into_font()
-            .style(FontStyle::Bold)
-            .color(&palette::PEAK)
-            .pos(anchor),
-    )))?;
-    if peak_labels && !p.made_of.is_empty() {
-        chart.draw_series(std::iter::once(Text::new(
-            format!("made of {}", p.made_of),
-            (peak_x, y_max * 0.865),
-            font(17.0).into_font().color(&palette::PEAK).pos(anchor),
-        )))?;
-    }
     let (xr, yr) = chart.plotting_area().get_pixel_range();
-    let (peak_px, peak_py) = chart.backend_coord(&(peak_x, peak_top));
+    let (peak_px, peak_py) = chart.backend_coord(&(peak_x, peak_bytes as f64 / GIB));
     let at_peak = s
         .columns
         .iter()
@@ -530,56 +583,271 @@ fn draw_panel<DB: DrawingBackend>(
     ))
 }
 
+/// The height of one line of text above the plot's lines, in pixels at scale 1.
+const LINE: f64 = 21.0;
+
+/// Where the lines of text above the plot's lines go, in GiB.
+struct TextLines {
+    y_max: f64,
+    /// The height of one line.
+    step: f64,
+    /// The top of the first line.
+    top: f64,
+}
+
+impl TextLines {
+    /// The top of line `k` (0 is the first).
+    fn at(&self, k: f64) -> f64 {
+        self.top - k * self.step
+    }
+}
+
+/// A font of `size` points at the panel's scale, never below 9.
+fn font(size: f64, scale: f64) -> (&'static str, u32) {
+    (FONT, (size * scale).round().max(9.0) as u32)
+}
+
+/// Steps (or phases) as alternating bands with their names at the top. Bands too narrow
+/// for their own name are named together (`S5–S8`), below the other names, right-aligned to
+/// where the last of them ends.
+fn draw_bands<DB: DrawingBackend>(
+    chart: &mut Plot<DB>,
+    p: &Panel,
+    lines: &TextLines,
+    scale: f64,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let y_max = lines.y_max;
+    let (x0, x1) = p.series.x_range;
+    let (xr, _) = chart.plotting_area().get_pixel_range();
+    let x_span = (x1 - x0).max(1e-12);
+    let px = |x: f64| xr.start as f64 + (x - x0) / x_span * (xr.end - xr.start - 1) as f64;
+    let grey = RGBColor(0x66, 0x66, 0x66);
+    let size = font(15.0, scale);
+    let fits = |text: &str, xa: f64, xb: f64| {
+        px(xb) - px(xa) >= (text.chars().count() as f64 * 9.0 + 6.0) * scale
+    };
+    let mut narrow: Vec<usize> = Vec::new();
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (k, (short, xa, xb)) in p.bands.iter().enumerate() {
+        if k % 2 == 0 {
+            chart.draw_series(std::iter::once(Rectangle::new(
+                [(*xa, 0.0), (*xb, y_max)],
+                RGBColor(0xf3, 0xf4, 0xf7).filled(),
+            )))?;
+        }
+        if fits(short, *xa, *xb) {
+            chart.draw_series(std::iter::once(Text::new(
+                short.clone(),
+                ((xa + xb) / 2.0, lines.at(0.0)),
+                size.into_font()
+                    .color(&grey)
+                    .pos(Pos::new(HPos::Center, VPos::Top)),
+            )))?;
+            if !narrow.is_empty() {
+                groups.push(std::mem::take(&mut narrow));
+            }
+        } else {
+            narrow.push(k);
+        }
+    }
+    if !narrow.is_empty() {
+        groups.push(narrow);
+    }
+    for group in groups {
+        let (first, last) = (&p.bands[group[0]], &p.bands[group[group.len() - 1]]);
+        let text = if group.len() == 1 {
+            first.0.clone()
+        } else {
+            format!("{}–{}", first.0, last.0)
+        };
+        let (anchor, x) = if fits(&text, first.1, last.2) {
+            (HPos::Center, (first.1 + last.2) / 2.0)
+        } else {
+            (HPos::Right, last.2)
+        };
+        chart.draw_series(std::iter::once(Text::new(
+            text,
+            (x, lines.at(1.0)),
+            size.into_font()
+                .color(&grey)
+                .pos(Pos::new(anchor, VPos::Top)),
+        )))?;
+    }
+    Ok(())
+}
+
+/// The stacked areas, bottom band first.
+fn draw_areas<DB: DrawingBackend>(
+    chart: &mut Plot<DB>,
+    s: &Series,
+    colours: &[RGBColor],
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let mut lower: Vec<f64> = vec![0.0; s.columns.len()];
+    for (g, colour) in colours.iter().enumerate() {
+        let upper: Vec<f64> = s
+            .columns
+            .iter()
+            .zip(&lower)
+            .map(|(c, lo)| lo + c.groups[g] as f64 / GIB)
+            .collect();
+        if upper.iter().zip(&lower).all(|(u, l)| (u - l).abs() < 1e-12) {
+            lower = upper;
+            continue;
+        }
+        let xs = s.columns.iter().map(|c| c.x);
+        let mut points: Vec<(f64, f64)> = xs.clone().zip(upper.iter().copied()).collect();
+        points.extend(xs.zip(lower.iter().copied()).rev());
+        chart.draw_series(std::iter::once(Polygon::new(points, colour.filled())))?;
+        lower = upper;
+    }
+    Ok(())
+}
+
+/// Out-of-memory events: a purple line with the request.
+fn draw_ooms<DB: DrawingBackend>(
+    chart: &mut Plot<DB>,
+    p: &Panel,
+    lines: &TextLines,
+    scale: f64,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    for &(x, requested) in &p.ooms {
+        chart.draw_series(std::iter::once(PathElement::new(
+            vec![(x, 0.0), (x, lines.at(1.0))],
+            palette::OOM.stroke_width(3),
+        )))?;
+        chart.draw_series(std::iter::once(Text::new(
+            format!("OOM: {} requested ", units::bytes(requested)),
+            (x, lines.at(1.0)),
+            font(16.0, scale)
+                .into_font()
+                .color(&palette::OOM)
+                .pos(Pos::new(HPos::Right, VPos::Top)),
+        )))?;
+    }
+    Ok(())
+}
+
+/// The peak: a dot, dashed from just above it up to its label, so the peak itself stays
+/// visible; the label says where it was and what it was made of.
+fn draw_peak<DB: DrawingBackend>(
+    chart: &mut Plot<DB>,
+    p: &Panel,
+    lines: &TextLines,
+    peak_labels: bool,
+    scale: f64,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let (peak_bytes, peak_x) = p.peak;
+    let (x0, x1) = p.series.x_range;
+    let peak_top = peak_bytes as f64 / GIB;
+    let dash = lines.y_max / 80.0;
+    let label_line = 2.0;
+    let below_text = lines.at(label_line + if peak_labels { 2.0 } else { 1.0 });
+    let mut y = peak_top + dash * 1.5;
+    let mut dashes = Vec::new();
+    while y < below_text {
+        dashes.push(PathElement::new(
+            vec![(peak_x, y), (peak_x, (y + dash).min(below_text))],
+            palette::PEAK.stroke_width(2),
+        ));
+        y += dash * 2.0;
+    }
+    chart.draw_series(dashes)?;
+    chart.draw_series(std::iter::once(Circle::new(
+        (peak_x, peak_top),
+        (6.0 * scale).max(3.0) as u32,
+        palette::PEAK.filled(),
+    )))?;
+    let right_half = peak_x > (x0 + x1) / 2.0;
+    let anchor = Pos::new(if right_half { HPos::Right } else { HPos::Left }, VPos::Top);
+    // as many characters as fit in the wider side of the plot
+    let (xr, _) = chart.plotting_area().get_pixel_range();
+    let room = (xr.end - xr.start) as f64
+        * if right_half {
+            (peak_x - x0) / (x1 - x0).max(1e-12)
+        } else {
+            (x1 - peak_x) / (x1 - x0).max(1e-12)
+        };
+    let fits = ((room / (10.5 * scale)) as usize).clamp(16, 90);
+    let label = if peak_labels {
+        shorten(&p.peak_label, fits)
+    } else {
+        shorten(&format!("peak {}", units::bytes(peak_bytes)), fits)
+    };
+    chart.draw_series(std::iter::once(Text::new(
+        label,
+        (peak_x, lines.at(label_line)),
+        font(18.0, scale)
+            .into_font()
+            .style(FontStyle::Bold)
+            .color(&palette::PEAK)
+            .pos(anchor),
+    )))?;
+    if peak_labels && !p.made_of.is_empty() {
+        chart.draw_series(std::iter::once(Text::new(
+            shorten(&format!("made of {}", p.made_of), fits),
+            (peak_x, lines.at(label_line + 1.0)),
+            font(17.0, scale)
+                .into_font()
+                .color(&palette::PEAK)
+                .pos(anchor),
+        )))?;
+    }
+    Ok(())
+}
+
+/// The legend's entries: a heading, then one row per group (top band first).
+struct LegendSection<'a> {
+    heading: String,
+    rows: Vec<(&'a str, RGBColor, Option<u64>)>,
+}
+
 fn draw_legend<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
-    groups: &[String],
-    colours: &[RGBColor],
-    bytes: &[u64],
+    sections: &[LegendSection],
     options: &Options,
     reserved_peak: Option<u64>,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     let ink = RGBColor(0x33, 0x33, 0x33);
-    let mut y = 70;
-    let heading = match reserved_peak {
-        Some(_) => format!("live at the peak, by {}", options.by.as_str()),
-        None => format!("by {} (highest of the panels)", options.by.as_str()),
-    };
-    area.draw(&Text::new(
-        heading,
-        (8, y),
-        (FONT, 18).into_font().style(FontStyle::Bold).color(&ink),
-    ))?;
-    y += 34;
-    // top band first, as stacked
-    for g in (0..groups.len()).rev() {
-        if bytes.get(g).copied().unwrap_or(0) == 0 && groups[g] == "other" {
-            continue;
-        }
-        area.draw(&Rectangle::new(
-            [(8, y - 2), (26, y + 14)],
-            colours[g].filled(),
-        ))?;
+    let (width, height) = area.dim_in_pixel();
+    let chars = ((width as f64 - 120.0) / 8.5).max(12.0) as usize;
+    let mut y = 24;
+    for section in sections.iter().filter(|s| !s.rows.is_empty()) {
         area.draw(&Text::new(
-            shorten(&groups[g], 34),
-            (34, y - 2),
-            (FONT, 15).into_font().color(&ink),
+            section.heading.clone(),
+            (8, y),
+            (FONT, 17).into_font().style(FontStyle::Bold).color(&ink),
         ))?;
-        let b = bytes.get(g).copied().unwrap_or(0);
-        area.draw(&Text::new(
-            if b == 0 {
-                "—".to_string()
+        y += 30;
+        for (label, colour, bytes) in &section.rows {
+            if y + 40 > height as i32 {
+                break;
+            }
+            area.draw(&Rectangle::new([(8, y - 2), (26, y + 14)], colour.filled()))?;
+            // sites keep their innermost frames
+            let text = if options.by == Dimension::Site {
+                shorten_left(label, chars)
             } else {
-                units::bytes(b)
-            },
-            (LEGEND_WIDTH as i32 - 12, y - 2),
-            (FONT, 15)
-                .into_font()
-                .color(&ink)
-                .pos(Pos::new(HPos::Right, VPos::Top)),
-        ))?;
-        y += 24;
+                shorten(label, chars)
+            };
+            area.draw(&Text::new(
+                text,
+                (34, y - 2),
+                (FONT, 15).into_font().color(&ink),
+            ))?;
+            if let Some(b) = bytes {
+                area.draw(&Text::new(
+                    units::bytes(*b),
+                    (width as i32 - 12, y - 2),
+                    (FONT, 15)
+                        .into_font()
+                        .color(&ink)
+                        .pos(Pos::new(HPos::Right, VPos::Top)),
+                ))?;
+            }
+            y += 24;
+        }
+        y += 14;
     }
-    y += 14;
     area.draw(&PathElement::new(
         vec![(8, y + 7), (26, y + 7)],
         palette::RESERVED.stroke_width(2),
@@ -604,4 +872,15 @@ fn draw_legend<DB: DrawingBackend>(
         (FONT, 15).into_font().color(&ink),
     ))?;
     Ok(())
+}
+
+/// Keeps the end of a long label (the innermost frames of a site).
+fn shorten_left(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max {
+        s.to_string()
+    } else {
+        let tail: String = s.chars().skip(n - max.saturating_sub(1)).collect();
+        format!("…{tail}")
+    }
 }

@@ -1,0 +1,541 @@
+//! The replay engine: rebuilds the allocator's state at trace start from the snapshot, then
+//! applies the trace event by event, recording the figures after each.
+
+use super::state::{Blk, State, Use, NIL, PRE};
+use super::*;
+use crate::snapshot::{BlockState, TraceEvent};
+
+/// What the replay records while it runs.
+struct Recording {
+    t: Totals,
+    allocated: Vec<u64>,
+    reserved_changes: Vec<(u32, u64)>,
+    bytes: Vec<u64>,
+    partner: Vec<u32>,
+    preexisting: Vec<Preexisting>,
+    ooms: Vec<Oom>,
+    anomalies: u64,
+    peaks: Peaks,
+}
+
+impl Recording {
+    fn new(n: usize, start: Totals, preexisting: Vec<Preexisting>, anomalies: u64) -> Recording {
+        let at_start = |bytes| Peak {
+            bytes,
+            ..Peak::default()
+        };
+        Recording {
+            t: start,
+            allocated: Vec::with_capacity(n),
+            reserved_changes: Vec::new(),
+            bytes: vec![0; n],
+            partner: vec![NONE; n],
+            preexisting,
+            ooms: Vec::new(),
+            anomalies,
+            peaks: Peaks {
+                allocated: at_start(start.allocated),
+                requested: at_start(start.requested),
+                active: at_start(start.active),
+                reserved: at_start(start.reserved),
+            },
+        }
+    }
+
+    /// Records the figures after event `i`.
+    fn close_event(&mut self, i: usize, offset: i64, start_reserved: u64) {
+        let t = self.t;
+        bump(&mut self.peaks.allocated, t.allocated, i, offset);
+        bump(&mut self.peaks.requested, t.requested, i, offset);
+        bump(&mut self.peaks.active, t.active, i, offset);
+        bump(&mut self.peaks.reserved, t.reserved, i, offset);
+        self.allocated.push(t.allocated);
+        let last = self
+            .reserved_changes
+            .last()
+            .map_or(start_reserved, |&(_, r)| r);
+        if t.reserved != last {
+            self.reserved_changes.push((i as u32, t.reserved));
+        }
+    }
+}
+
+/// The replay of one device: the simulated allocator state and the rules it follows.
+pub(super) struct Replayer<'a> {
+    snap: &'a Snapshot,
+    events: &'a [TraceEvent],
+    device: u32,
+    model: SizeModel,
+    rules: SizeRules,
+    state: State,
+    misplaced: u64,
+}
+
+impl<'a> Replayer<'a> {
+    pub(super) fn new(snap: &'a Snapshot, device: u32, model: SizeModel) -> Self {
+        Replayer {
+            snap,
+            events: snap.trace(device),
+            device,
+            model,
+            rules: size_rules(snap),
+            state: State::default(),
+            misplaced: 0,
+        }
+    }
+
+    /// Segments at trace start: the snapshot's, with the trace's segment events undone.
+    fn start_ranges(&mut self) -> u64 {
+        for seg in self.snap.segments_of(self.device) {
+            self.state
+                .map_range(seg.address, seg.total_size, seg.is_expandable);
+        }
+        let mut orphan_frees = 0;
+        for e in self.events.iter().rev() {
+            match e.action {
+                Action::SegmentAlloc => {
+                    self.state.ranges.remove(&e.addr);
+                }
+                Action::SegmentFree => {
+                    self.state.map_range(e.addr, e.size, false);
+                }
+                Action::SegmentMap => {
+                    self.state.unmap_range(e.addr, e.size);
+                }
+                Action::SegmentUnmap => {
+                    self.state.map_range(e.addr, e.size, true);
+                }
+                _ => {}
+            }
+        }
+        // Segment frees whose segment existed before the trace.
+        let mut created: rustc_hash::FxHashSet<u64> = Default::default();
+        for e in self.events {
+            match e.action {
+                Action::SegmentAlloc => {
+                    created.insert(e.addr);
+                }
+                Action::SegmentFree if !created.contains(&e.addr) => orphan_frees += 1,
+                _ => {}
+            }
+        }
+        orphan_frees
+    }
+
+    /// Blocks alive before the first event.
+    fn start_blocks(&mut self) -> (Vec<Preexisting>, u64) {
+        let mut first: rustc_hash::FxHashMap<u64, usize> = Default::default();
+        for (i, e) in self.events.iter().enumerate() {
+            if matches!(
+                e.action,
+                Action::Alloc | Action::FreeRequested | Action::FreeCompleted
+            ) {
+                first.entry(e.addr).or_insert(i);
+            }
+        }
+        let mut pre = Vec::new();
+        let mut frees_without_alloc = 0;
+        // Frees whose alloc came before the first event.
+        let mut by_first: Vec<(u64, usize)> = first.iter().map(|(&a, &i)| (a, i)).collect();
+        by_first.sort_unstable_by_key(|&(_, i)| i);
+        for (addr, i) in by_first {
+            let e = &self.events[i];
+            if e.action == Action::Alloc {
+                continue;
+            }
+            if e.action == Action::FreeRequested {
+                frees_without_alloc += 1;
+            }
+            let end_block = self.end_block(addr);
+            // The block's real size is unknown; its rounded request is the best estimate.
+            let size = self.rules.round(e.size);
+            pre.push((
+                addr,
+                size,
+                e.size,
+                if e.stack != StackId::EMPTY {
+                    e.stack
+                } else {
+                    end_block.map_or(StackId::EMPTY, |b| b.stack)
+                },
+                if e.action == Action::FreeCompleted {
+                    Use::Pending
+                } else {
+                    Use::Live
+                },
+            ));
+        }
+        // Blocks alive at the end that no event touched.
+        for seg in self.snap.segments_of(self.device) {
+            for b in &seg.blocks {
+                if b.state == BlockState::Inactive || first.contains_key(&b.address) {
+                    continue;
+                }
+                let size = b.size;
+                let state = if b.state == BlockState::ActivePendingFree {
+                    Use::Pending
+                } else {
+                    Use::Live
+                };
+                pre.push((b.address, size, b.requested_size, b.stack, state));
+            }
+        }
+        let mut out = Vec::with_capacity(pre.len());
+        let mut placed = Vec::with_capacity(pre.len());
+        for (k, (addr, size, requested, stack, state)) in pre.into_iter().enumerate() {
+            placed.push((
+                addr,
+                Blk {
+                    size,
+                    state,
+                    requested,
+                    origin: PRE | k as u32,
+                    prev: NIL,
+                    next: NIL,
+                },
+            ));
+            out.push(Preexisting {
+                addr,
+                size,
+                requested,
+                stack,
+                freed_at: NONE,
+                live: state == Use::Live,
+            });
+        }
+        self.misplaced = self.state.build(placed);
+        (out, frees_without_alloc)
+    }
+
+    fn end_block(&self, addr: u64) -> Option<&crate::snapshot::Block> {
+        self.snap
+            .segments_of(self.device)
+            .flat_map(|s| s.blocks.iter())
+            .find(|b| b.address == addr && b.state != BlockState::Inactive)
+    }
+
+    /// Replays every event from the state rebuilt for trace start.
+    pub(super) fn run(mut self) -> Replay {
+        let segment_orphans = self.start_ranges();
+        let (preexisting, frees_without_alloc) = self.start_blocks();
+        let start = self.start_totals();
+        let mut rec = Recording::new(self.events.len(), start, preexisting, self.misplaced);
+        let t0 = self.events.iter().map(|e| e.time_us).find(|&t| t != 0);
+        let t0 = t0.unwrap_or(0);
+        for (i, e) in self.events.iter().enumerate() {
+            self.apply(i, e, &mut rec);
+            let offset = if e.time_us != 0 { e.time_us - t0 } else { 0 };
+            rec.close_event(i, offset, start.reserved);
+        }
+        let t_end = self
+            .events
+            .iter()
+            .rev()
+            .map(|e| e.time_us)
+            .find(|&t| t != 0)
+            .unwrap_or(0);
+        let anomalies = rec.anomalies;
+        let mut replay = Replay {
+            device: self.device,
+            model: self.model,
+            allocated: rec.allocated,
+            reserved_changes: rec.reserved_changes,
+            bytes: rec.bytes,
+            partner: rec.partner,
+            preexisting: rec.preexisting,
+            start,
+            end: rec.t,
+            peaks: rec.peaks,
+            history: History {
+                frees_without_alloc,
+                segment_frees_without_alloc: segment_orphans,
+                complete: frees_without_alloc == 0 && segment_orphans == 0,
+                wrapped: self.wrapped(frees_without_alloc + segment_orphans),
+            },
+            check: EndCheck::default(),
+            ooms: rec.ooms,
+            time_span_us: (t0, t_end),
+        };
+        replay.check = self.check_end(&replay, anomalies);
+        if self.model == SizeModel::Rounded {
+            anchor_at_end(&mut replay);
+        }
+        replay
+    }
+
+    /// The four figures of the state rebuilt for trace start.
+    fn start_totals(&self) -> Totals {
+        let mut t = Totals {
+            reserved: self.state.ranges.values().map(|r| r.size).sum(),
+            ..Totals::default()
+        };
+        for b in self.state.blocks.values() {
+            match b.state {
+                Use::Live => {
+                    t.allocated += b.size;
+                    t.requested += b.requested;
+                    t.active += b.size;
+                }
+                Use::Pending => t.active += b.size,
+                Use::Free => {}
+            }
+        }
+        t
+    }
+
+    /// Applies one event to the simulated state and the running figures.
+    fn apply(&mut self, i: usize, e: &TraceEvent, rec: &mut Recording) {
+        let t = &mut rec.t;
+        match e.action {
+            Action::Alloc => {
+                let rounded = self.rules.round(e.size);
+                let size = self.allocate(e.addr, rounded, e.size, i as u32, &mut rec.anomalies);
+                let counted = match self.model {
+                    SizeModel::Allocator => size,
+                    SizeModel::Rounded => rounded,
+                };
+                rec.bytes[i] = counted;
+                t.allocated += counted;
+                t.requested += e.size;
+                t.active += counted;
+            }
+            Action::FreeRequested => match self.state.blocks.get(&e.addr).copied() {
+                Some(b) if b.state == Use::Live => {
+                    let counted = self.counted(&b);
+                    t.allocated -= counted.min(t.allocated);
+                    t.requested -= b.requested.min(t.requested);
+                    rec.partner[i] = b.origin;
+                    link_free(&mut rec.partner, &mut rec.preexisting, b.origin, i);
+                    if let Some(live) = self.state.blocks.get_mut(&e.addr) {
+                        live.state = Use::Pending;
+                    }
+                }
+                _ => rec.anomalies += 1,
+            },
+            Action::FreeCompleted => {
+                let origin = match self.state.blocks.get(&e.addr) {
+                    Some(b) if b.state != Use::Free => Some(*b),
+                    _ => None,
+                };
+                match origin {
+                    Some(b) => {
+                        let counted = self.counted(&b);
+                        if b.state == Use::Live {
+                            // free_requested was not recorded (skip_actions)
+                            t.allocated -= counted.min(t.allocated);
+                            t.requested -= b.requested.min(t.requested);
+                            link_free(&mut rec.partner, &mut rec.preexisting, b.origin, i);
+                        }
+                        t.active -= counted.min(t.active);
+                        rec.partner[i] = b.origin;
+                        self.state.release(e.addr);
+                    }
+                    None => rec.anomalies += 1,
+                }
+            }
+            Action::SegmentAlloc => {
+                self.state.map_range(e.addr, e.size, false);
+                self.state.blocks.insert(e.addr, Blk::free(e.size));
+                t.reserved += e.size;
+            }
+            Action::SegmentFree => {
+                self.state.ranges.remove(&e.addr);
+                self.state.drop_chain(e.addr, e.addr.saturating_add(e.size));
+                t.reserved -= e.size.min(t.reserved);
+            }
+            Action::SegmentMap => {
+                self.state.map_pages(e.addr, e.size);
+                t.reserved += e.size;
+            }
+            Action::SegmentUnmap => {
+                self.state.unmap_pages(e.addr, e.size);
+                t.reserved -= e.size.min(t.reserved);
+            }
+            Action::Oom => rec.ooms.push(Oom {
+                event: i,
+                requested: e.size,
+                device_free: e.addr,
+                allocated: t.allocated,
+                reserved: t.reserved,
+            }),
+            Action::Snapshot | Action::Unknown => {}
+        }
+    }
+
+    fn wrapped(&self, orphans: u64) -> bool {
+        if let Some(flag) = self.snap.settings.as_ref().and_then(|s| s.trace_overflowed) {
+            return flag;
+        }
+        let n = self.events.len() as u64;
+        orphans > 0 && n >= 1000 && (n.is_multiple_of(1000) || n.is_power_of_two())
+    }
+
+    /// The bytes a simulated block counts for under the chosen model.
+    fn counted(&self, b: &Blk) -> u64 {
+        match self.model {
+            SizeModel::Allocator => b.size,
+            SizeModel::Rounded => {
+                if b.origin & PRE != 0 {
+                    b.size
+                } else {
+                    self.rules.round(b.requested)
+                }
+            }
+        }
+    }
+
+    /// Hands out the block at `addr` for a request; returns the block size.
+    fn allocate(
+        &mut self,
+        addr: u64,
+        rounded: u64,
+        requested: u64,
+        event: u32,
+        anomalies: &mut u64,
+    ) -> u64 {
+        let free_here = |st: &State| st.blocks.get(&addr).is_some_and(|b| b.state == Use::Free);
+        if !free_here(&self.state) {
+            // The allocator always hands out the start of a free block; recover if the
+            // simulation disagrees (only inconsistent input gets here).
+            *anomalies += 1;
+            match self.state.containing(addr) {
+                Some(s) if s != addr && self.state.blocks[&s].state == Use::Free => {
+                    self.state.split(s, addr - s);
+                }
+                _ => {
+                    let mut b = Blk::free(rounded);
+                    b.state = Use::Live;
+                    b.requested = requested;
+                    b.origin = event;
+                    self.state.blocks.insert(addr, b);
+                    return rounded;
+                }
+            }
+        }
+        let available = self.state.blocks[&addr].size;
+        if available < rounded {
+            *anomalies += 1;
+        }
+        let size = if available > rounded && self.rules.splits(available, rounded) {
+            self.state.split(addr, rounded);
+            rounded
+        } else {
+            available
+        };
+        let b = self.state.blocks.get_mut(&addr).expect("present");
+        b.state = Use::Live;
+        b.requested = requested;
+        b.origin = event;
+        size
+    }
+
+    fn check_end(&self, replay: &Replay, anomalies: u64) -> EndCheck {
+        let mut check = EndCheck {
+            replayed_allocated: replay.end.allocated,
+            replayed_reserved: replay.end.reserved,
+            anomalies,
+            ..EndCheck::default()
+        };
+        let mut expected: rustc_hash::FxHashMap<u64, (u64, BlockState)> = Default::default();
+        for seg in self.snap.segments_of(self.device) {
+            check.snapshot_reserved += seg.total_size;
+            for b in &seg.blocks {
+                if b.state != BlockState::Inactive {
+                    expected.insert(b.address, (b.size, b.state));
+                    if b.state == BlockState::ActiveAllocated {
+                        check.snapshot_allocated += b.size;
+                    }
+                }
+            }
+        }
+        let mut seen = 0usize;
+        let mut live: Vec<(u64, Blk)> = self
+            .state
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.state != Use::Free)
+            .map(|(&a, &b)| (a, b))
+            .collect();
+        live.sort_unstable_by_key(|&(a, _)| a);
+        for (addr, b) in &live {
+            let addr = *addr;
+            if b.state == Use::Free {
+                continue;
+            }
+            match expected.get(&addr) {
+                Some(&(size, _)) if size == b.size => seen += 1,
+                Some(&(size, _)) => {
+                    seen += 1;
+                    check.block_mismatches += 1;
+                    if check.examples.len() < 5 {
+                        check.examples.push(format!(
+                            "block {addr:#x}: replay has {} bytes, snapshot {size}",
+                            b.size
+                        ));
+                    }
+                }
+                None => {
+                    check.block_mismatches += 1;
+                    if check.examples.len() < 5 {
+                        check.examples.push(format!(
+                            "block {addr:#x} ({} bytes) is live in the replay, not in the snapshot",
+                            b.size
+                        ));
+                    }
+                }
+            }
+        }
+        let missing = expected.len() - seen;
+        check.block_mismatches += missing as u64;
+        if missing > 0 && check.examples.len() < 5 {
+            check.examples.push(format!(
+                "{missing} live block(s) of the snapshot never appear in the replay"
+            ));
+        }
+        let allocated_ok = match self.model {
+            SizeModel::Allocator => check.replayed_allocated == check.snapshot_allocated,
+            SizeModel::Rounded => true,
+        };
+        check.consistent = check.block_mismatches == 0
+            && allocated_ok
+            && check.replayed_reserved == check.snapshot_reserved;
+        check
+    }
+}
+
+fn bump(peak: &mut Peak, value: u64, i: usize, offset: i64) {
+    if value > peak.bytes {
+        *peak = Peak {
+            bytes: value,
+            event: Some(i),
+            time_offset_us: offset,
+        };
+    }
+}
+
+fn link_free(partner: &mut [u32], pre: &mut [Preexisting], origin: u32, free_event: usize) {
+    if origin & PRE != 0 {
+        if let Some(p) = pre.get_mut((origin & !PRE) as usize) {
+            p.freed_at = free_event as u32;
+        }
+    } else if let Some(p) = partner.get_mut(origin as usize) {
+        *p = free_event as u32;
+    }
+}
+
+/// Shifts a rounded-size replay so that it ends at the snapshot's allocated total.
+fn anchor_at_end(replay: &mut Replay) {
+    let target = replay.check.snapshot_allocated as i128;
+    let delta = target - replay.end.allocated as i128;
+    let shift = |v: u64| (v as i128 + delta).max(0) as u64;
+    for v in &mut replay.allocated {
+        *v = shift(*v);
+    }
+    replay.start.allocated = shift(replay.start.allocated);
+    replay.end.allocated = shift(replay.end.allocated);
+    replay.peaks.allocated.bytes = shift(replay.peaks.allocated.bytes);
+    for o in &mut replay.ooms {
+        o.allocated = shift(o.allocated);
+    }
+    replay.check.replayed_allocated = replay.end.allocated;
+}
