@@ -57,6 +57,15 @@ pub fn count(n: u64) -> String {
     out
 }
 
+/// A count with its noun: `1 event`, `2,048 events` (the plural adds `s`).
+pub fn counted(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{} {noun}s", count(n))
+    }
+}
+
 /// A share of a whole: `42.1%`.
 pub fn percent(part: u64, whole: u64) -> String {
     if whole == 0 {
@@ -86,6 +95,9 @@ mod tests {
         assert_eq!(count(1_234_567), "1,234,567");
         assert_eq!(count(12), "12");
         assert_eq!(percent(1, 3), "33.3%");
+        assert_eq!(counted(1, "event"), "1 event");
+        assert_eq!(counted(1200, "free"), "1,200 frees");
+        assert_eq!(counted(0, "block"), "0 blocks");
         assert_eq!(percent(1, 0), "-");
     }
 }

@@ -5,4 +5,5 @@ mod chart;
 mod compare;
 mod errors;
 mod report;
+mod usability;
 mod util;

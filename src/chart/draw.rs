@@ -358,10 +358,10 @@ where
     let (plot_area, legend_area) =
         body.split_horizontally(width.saturating_sub(legend_width(width)));
     let subtitle = format!(
-        "allocated by {}, reserved as a line · peak {} · {} events",
+        "allocated by {}, reserved as a line · peak {} · {}",
         options.by.as_str(),
         units::bytes(p.peak.0),
-        units::count(p.events as u64)
+        units::counted(p.events as u64, "event")
     );
     header(&head, &p.title, &subtitle).map_err(err)?;
     let colours = palette::assign(&p.series.groups);

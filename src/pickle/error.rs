@@ -35,6 +35,9 @@ pub enum DecodeErrorKind {
     /// A byte that is not a pickle opcode.
     #[error("byte 0x{0:02x} is not a pickle opcode (not a pickle, or corrupt)")]
     UnknownOpcode(u8),
+    /// The first byte is not how any pickle begins.
+    #[error("not a pickle: it starts with byte 0x{0:02x}, which no pickle starts with")]
+    NotAPickle(u8),
     /// A `PROTO` above 5.
     #[error("pickle protocol {0} is newer than protocol 5")]
     Protocol(u8),

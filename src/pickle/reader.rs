@@ -83,6 +83,18 @@ impl<R: Read> Reader<R> {
         self.pos += n;
     }
 
+    /// The next byte without consuming it, or `None` at the end of the input.
+    pub(crate) fn peek(&mut self) -> Result<Option<u8>, ReadError> {
+        if self.pos == self.end {
+            self.refill()?;
+        }
+        Ok(self
+            .buf
+            .get(self.pos)
+            .copied()
+            .filter(|_| self.pos < self.end))
+    }
+
     /// The next byte, or `None` at the end of the input.
     #[inline]
     pub(crate) fn byte(&mut self) -> Result<Option<u8>, ReadError> {

@@ -2,12 +2,20 @@
 
 use super::*;
 
+/// Limits for bare opcode sequences, which need not start as a pickle file does.
+fn opcodes() -> Limits {
+    Limits {
+        check_start: false,
+        ..Limits::default()
+    }
+}
+
 fn ok(bytes: &[u8]) -> Decoded {
-    decode(bytes, Limits::default()).unwrap_or_else(|e| panic!("decode failed: {e}"))
+    decode(bytes, opcodes()).unwrap_or_else(|e| panic!("decode failed: {e}"))
 }
 
 fn fails(bytes: &[u8]) -> DecodeError {
-    match decode(bytes, Limits::default()) {
+    match decode(bytes, opcodes()) {
         Ok(d) => panic!("decoded {}", d.heap.render(d.root, 3)),
         Err(e) => e,
     }
@@ -309,4 +317,13 @@ fn serde_pickle_output_decodes() {
     let v: Vec<(String, i64)> = vec![("a".into(), -3), ("b".into(), 1 << 40)];
     let bytes = serde_pickle::to_vec(&v, serde_pickle::SerOptions::new()).unwrap();
     assert_eq!(rendered(&bytes), "[(\"a\", -3), (\"b\", 1099511627776)]");
+}
+
+#[test]
+fn text_is_not_a_pickle() {
+    for text in [&b"hello world\n"[..], b"abc", b"#!/bin/sh\n"] {
+        let e = decode(text, Limits::default()).unwrap_err();
+        assert!(matches!(e.kind, DecodeErrorKind::NotAPickle(_)), "{e}");
+        assert_eq!(e.offset, 0);
+    }
 }

@@ -23,6 +23,9 @@ pub struct Limits {
     /// Expected size of the pickle, when known: memory is reserved up front (untouched pages
     /// cost nothing) instead of growing and copying.
     pub size_hint: u64,
+    /// Refuse, as not a pickle, input whose first byte no pickle starts with (off for
+    /// decoding bare opcode sequences).
+    pub check_start: bool,
 }
 
 impl Default for Limits {
@@ -31,6 +34,7 @@ impl Default for Limits {
             max_values: 1 << 28,
             max_string_bytes: 256 << 20,
             size_hint: 0,
+            check_start: true,
         }
     }
 }
@@ -106,6 +110,14 @@ pub fn decode_with<R: Read, A: Adopter>(
         adopter,
         offset: 0,
     };
+    if let (true, Ok(Some(first))) = (vm.limits.check_start, reader.peek()) {
+        if !can_start_a_pickle(first) {
+            return Err(DecodeError {
+                offset: 0,
+                kind: DecodeErrorKind::NotAPickle(first),
+            });
+        }
+    }
     let root = vm.run(&mut reader)?;
     Ok(Decoded {
         root,
@@ -113,6 +125,35 @@ pub fn decode_with<R: Read, A: Adopter>(
         protocol: vm.protocol,
         bytes_read: reader.offset(),
     })
+}
+
+/// Whether a pickle can begin with this byte: `PROTO` (protocol 2 and later), or for
+/// protocols 0 and 1 an opcode that pushes a mark or a value (or imports one, which is refused
+/// later with its own message).
+fn can_start_a_pickle(b: u8) -> bool {
+    matches!(
+        b,
+        op::PROTO
+            | b'('
+            | b'}'
+            | b']'
+            | b')'
+            | b'N'
+            | b'I'
+            | b'L'
+            | b'F'
+            | b'S'
+            | b'V'
+            | b'K'
+            | b'M'
+            | b'J'
+            | b'G'
+            | b'U'
+            | b'T'
+            | b'X'
+            | b'c'
+            | b'i'
+    )
 }
 
 /// Decodes one pickle from `input`, keeping every value.

@@ -69,10 +69,22 @@ pub fn display_names(profiles: &[&Profile]) -> Vec<String> {
         if twins.iter().any(|&j| profiles[j].file != p.file) && p.rank.is_some() {
             name = format!("{name} ({})", short[i]);
         }
-        if twins.iter().any(|&j| profiles[j].file == p.file) {
+        if twins
+            .iter()
+            .any(|&j| profiles[j].file == p.file && profiles[j].report.device != p.report.device)
+        {
             name = format!("{name} · device {}", p.report.device);
         }
         names.push(name);
+    }
+    // the same file and device given more than once: number them
+    for i in 0..names.len() {
+        let later: Vec<usize> = (i + 1..names.len())
+            .filter(|&j| names[j] == names[i])
+            .collect();
+        for (k, j) in later.into_iter().enumerate() {
+            names[j] = format!("{} #{}", names[j], k + 2);
+        }
     }
     names
 }
@@ -465,6 +477,23 @@ mod tests {
         assert_eq!(rank_from_name("RANK_2.pkl"), Some(2));
         assert_eq!(rank_from_name("dir/rank9/snap.pickle"), None);
         assert_eq!(rank_from_name("snapshot.pickle"), None);
+    }
+
+    #[test]
+    fn short_paths_keep_what_tells_files_apart() {
+        let got = short_paths(&[
+            "runs/a/rank0.pickle",
+            "runs/b/rank0.pickle",
+            "x/rank1.pickle",
+        ]);
+        assert_eq!(
+            got,
+            vec!["a/rank0.pickle", "b/rank0.pickle", "rank1.pickle"]
+        );
+        assert_eq!(
+            short_paths(&["same.pickle", "same.pickle"]),
+            vec!["same.pickle"; 2]
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::io::{self, Write};
 
-use super::{indented, table};
+use super::{indented, shorten_left, table};
 use crate::analysis::PeakPlace;
 use crate::report::compare::{short_paths, Diff, Pair, Ranks};
 use crate::units;
@@ -11,25 +11,25 @@ fn place(p: &PeakPlace) -> String {
     p.summary_parts().join(" · ")
 }
 
-/// Keeps the end of a long label (the innermost frames of a site).
-fn shorten_left(s: &str, max: usize) -> String {
-    let n = s.chars().count();
-    if n <= max {
-        s.to_string()
-    } else {
-        let tail: String = s.chars().skip(n - (max - 1)).collect();
-        format!("…{tail}")
-    }
-}
-
 /// The largest increases of a breakdown, in words: `loss +0.98 GiB, ...`.
+/// At most `n` of them, and no more than fit in 90 characters (labels shortened to 40).
 fn mostly(rows: &[Diff], n: usize) -> String {
-    rows.iter()
-        .filter(|d| d.diff_bytes > 0)
-        .take(n)
-        .map(|d| format!("{} {}", d.label, units::bytes_delta(d.diff_bytes as i128)))
-        .collect::<Vec<_>>()
-        .join(", ")
+    let mut out = String::new();
+    for d in rows.iter().filter(|d| d.diff_bytes > 0).take(n) {
+        let item = format!(
+            "{} {}",
+            shorten_left(&d.label, 40),
+            units::bytes_delta(d.diff_bytes as i128)
+        );
+        if !out.is_empty() && out.chars().count() + 2 + item.chars().count() > 90 {
+            break;
+        }
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        out.push_str(&item);
+    }
+    out
 }
 
 fn write_diffs(
@@ -63,9 +63,24 @@ fn write_diffs(
 
 /// Writes a two-snapshot comparison.
 pub fn write_pair(out: &mut dyn Write, pair: &Pair, top: usize) -> io::Result<()> {
-    let (a, b) = (pair.a.name.clone(), pair.b.name.clone());
-    writeln!(out, "{a}: {} · device {}", pair.a.file, pair.a.device)?;
-    writeln!(out, "{b}: {} · device {}", pair.b.file, pair.b.device)?;
+    // long names are introduced once and the columns say `first` and `second`
+    let long = pair.a.name.chars().count().max(pair.b.name.chars().count()) > 16;
+    let (a, b) = if long {
+        ("first".to_string(), "second".to_string())
+    } else {
+        (pair.a.name.clone(), pair.b.name.clone())
+    };
+    for (column, side) in [(&a, &pair.a), (&b, &pair.b)] {
+        let rank = match side.rank {
+            Some(r) if long => format!(" · rank {r}"),
+            _ => String::new(),
+        };
+        writeln!(
+            out,
+            "{column}: {} · device {}{rank}",
+            side.file, side.device
+        )?;
+    }
     writeln!(out)?;
     let mut t = table(&["", &a, &b, "difference"]);
     t.add_row(vec![

@@ -52,6 +52,21 @@ pub fn table_with_text(header: &[&str], text_columns: usize) -> Table {
     t
 }
 
+/// The widest label a table shows; longer ones (allocation sites) keep their end, where the
+/// innermost frames are, so the text stays within 120 columns. JSON keeps them whole.
+pub const MAX_LABEL: usize = 72;
+
+/// Keeps the end of a long label: `…forward:78;forward:64`.
+pub fn shorten_left(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max {
+        s.to_string()
+    } else {
+        let tail: String = s.chars().skip(n - (max - 1)).collect();
+        format!("…{tail}")
+    }
+}
+
 /// Indents every line of a rendered table.
 pub fn indented(t: &Table, by: &str) -> String {
     t.to_string()
@@ -72,10 +87,26 @@ pub fn write(out: &mut dyn Write, report: &FileReport, options: &TextOptions) ->
     Ok(())
 }
 
-fn status_line(d: &DeviceReport) -> String {
+/// Joins parts with ` · ` into lines of at most `width` characters (a longer part stands
+/// alone on its line).
+fn wrap_parts(parts: &[String], width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for part in parts {
+        match lines.last_mut() {
+            Some(line) if line.chars().count() + 3 + part.chars().count() <= width => {
+                line.push_str(" · ");
+                line.push_str(part);
+            }
+            _ => lines.push(part.clone()),
+        }
+    }
+    lines
+}
+
+fn status_line(d: &DeviceReport) -> Vec<String> {
     let mut parts = vec![format!(
-        "{} events over {}",
-        units::count(d.events as u64),
+        "{} over {}",
+        units::counted(d.events as u64, "event"),
         units::duration_us(d.duration_us)
     )];
     parts.push(format!("stacks: {}", d.stacks.describe()));
@@ -85,24 +116,24 @@ fn status_line(d: &DeviceReport) -> String {
         "trace complete".to_string()
     } else if d.trace_wrapped {
         format!(
-            "ring buffer wrapped: the trace lost its beginning ({} frees of earlier allocations)",
-            units::count(d.frees_without_alloc)
+            "ring buffer wrapped: the trace lost its beginning ({} of earlier allocations)",
+            units::counted(d.frees_without_alloc, "free")
         )
     } else {
         format!(
-            "{} frees of blocks allocated before recording started",
-            units::count(d.frees_without_alloc)
+            "{} of blocks allocated before recording started",
+            units::counted(d.frees_without_alloc, "free")
         )
     });
     parts.push(if d.replay_consistent {
         "replay matches the snapshot exactly".to_string()
     } else {
         format!(
-            "replay differs from the snapshot ({} blocks)",
-            units::count(d.check.block_mismatches)
+            "replay differs from the snapshot ({})",
+            units::counted(d.check.block_mismatches, "block")
         )
     });
-    parts.join(" · ")
+    parts
 }
 
 fn write_device(
@@ -112,7 +143,9 @@ fn write_device(
     options: &TextOptions,
 ) -> io::Result<()> {
     writeln!(out, "{file} · device {}", d.device)?;
-    writeln!(out, "  {}", status_line(d))?;
+    for line in wrap_parts(&status_line(d), 116) {
+        writeln!(out, "  {line}")?;
+    }
     writeln!(out)?;
     let mut t = table(&["", "allocated", "requested", "reserved"]);
     t.add_row(vec![
@@ -204,7 +237,7 @@ fn write_shares(
     for (i, s) in shares.iter().enumerate() {
         if i < top {
             t.add_row(vec![
-                s.label.clone(),
+                shorten_left(&s.label, MAX_LABEL),
                 units::bytes(s.bytes),
                 units::percent(s.bytes, total),
                 units::count(s.count),
@@ -246,7 +279,11 @@ fn write_attribution(
     if !p.detail.is_empty() {
         place.push(p.detail.clone());
     }
-    writeln!(out, "  the peak was reached in {}", place.join(" · "))?;
+    if d.peak.is_before_trace() {
+        writeln!(out, "  the peak was reached before the trace started")?;
+    } else {
+        writeln!(out, "  the peak was reached in {}", place.join(" · "))?;
+    }
     if let Some(info) = &d.attribution.pipeline {
         let from = match &info.steps_from {
             crate::attribute::StepSource::Source { file } => format!("from the source {file}"),
@@ -284,14 +321,7 @@ fn write_attribution(
     }
     if !d.steps.is_empty() {
         let with_iterations = d.steps.iter().any(|r| r.iterations.is_some());
-        let mut header = vec![
-            "steps",
-            "iterations",
-            "start",
-            "end",
-            "peak",
-            "peak is mostly",
-        ];
+        let mut header = vec!["steps", "loops", "start", "end", "peak", "peak is mostly"];
         if !with_iterations {
             header.remove(1);
         }
@@ -304,7 +334,13 @@ fn write_attribution(
                 .peak_categories
                 .iter()
                 .take(2)
-                .map(|s| format!("{} {}", s.label, units::bytes(s.bytes)))
+                .map(|s| {
+                    format!(
+                        "{} {}",
+                        s.label,
+                        units::percent(s.bytes, row.peak_allocated_bytes)
+                    )
+                })
                 .collect::<Vec<_>>()
                 .join(", ");
             let mut cells = vec![

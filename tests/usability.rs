@@ -1,0 +1,195 @@
+//! What a new user meets: one-line messages with the right exit code for every mistake, text
+//! that fits a terminal, names that tell files apart.
+
+use crate::util::*;
+
+const SINGLE: &str = "snapshots/single-gpu/memory_snapshot_rank0_step1.pickle.xz";
+
+fn single() -> String {
+    testdata(SINGLE).to_string_lossy().into_owned()
+}
+
+/// Runs memsnap, expects `code` and one stderr line containing `needle`.
+fn fails_with(args: &[&str], code: i32, needle: &str) {
+    let o = memsnap(args);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
+    assert!(err.contains(needle), "{args:?}: {err}");
+    assert!(!err.contains("panicked") && !err.contains("Os {"), "{err}");
+}
+
+#[test]
+fn chart_paths_that_cannot_be_written_say_why() {
+    let dir = scratch();
+    let missing = dir.path().join("no/such/folder/t.png");
+    fails_with(
+        &["timeline", &single(), "-o", &missing.to_string_lossy()],
+        2,
+        "does not exist",
+    );
+    fails_with(
+        &["timeline", &single(), "-o", &dir.path().to_string_lossy()],
+        2,
+        "is a folder",
+    );
+    fails_with(
+        &["timeline", &single(), "-o", "t.jpg"],
+        2,
+        "must end in .png or .svg",
+    );
+    fails_with(
+        &["timeline", &single(), "-o", "t.png", "--width", "300"],
+        2,
+        "too small",
+    );
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    fails_with(
+        &["report", &single(), "--png", &file.to_string_lossy()],
+        2,
+        "--png takes a folder",
+    );
+    fails_with(
+        &[
+            "compare",
+            &single(),
+            &single(),
+            "--png",
+            &missing.to_string_lossy(),
+        ],
+        2,
+        "does not exist",
+    );
+    fails_with(
+        &["timeline", &single(), "-o", "t.png", "--device", "7"],
+        2,
+        "device 7 has no events",
+    );
+}
+
+#[test]
+fn a_bad_rules_file_is_a_usage_error() {
+    let dir = scratch();
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(&rules, "[[rule]]\ncategory = \"weights\"\n").unwrap();
+    fails_with(
+        &["report", &single(), "--rules", &rules.to_string_lossy()],
+        2,
+        "rule 1: unknown category \"weights\"",
+    );
+}
+
+#[test]
+fn a_text_file_is_not_a_pickle() {
+    let dir = scratch();
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "hello, this is text\n").unwrap();
+    fails_with(
+        &["report", &text.to_string_lossy()],
+        1,
+        "byte 0: not a pickle",
+    );
+}
+
+#[test]
+fn svg_charts_name_the_embedded_font() {
+    let dir = scratch();
+    let svg = dir.path().join("t.svg");
+    ok(&["timeline", &single(), "-o", &svg.to_string_lossy()]);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains("DejaVu Sans"), "font not named");
+    assert!(!text.contains("font-family=\"sans-serif\""));
+}
+
+/// Reports and comparisons of pipeline files stay within 120 columns.
+#[test]
+fn text_fits_in_120_columns() {
+    let mut files = vec![
+        testdata("snapshots/pithtrain-peak/memory_snapshot_rank0_peak_step0.pickle.xz"),
+        testdata("snapshots/pithtrain-fork/memory_snapshot_rank1_fork_step0.pickle.xz"),
+    ];
+    if let Some(dir) = shared() {
+        files.push(dir.join("pp2-stacks-all/memory_snapshot_rank0_step0.pickle.xz"));
+        files.push(dir.join("ep2-two-steps/memory_snapshot_rank0_steps0-1.pickle.xz"));
+        files.push(dir.join("ring-buffer-wrapped/memory_snapshot_rank0_ring100k_step0.pickle.xz"));
+    }
+    for f in &files {
+        let f = f.to_string_lossy();
+        for out in [
+            ok(&["report", &f]),
+            ok(&["report", &f, "--by", "op,site,phase"]),
+            ok(&["compare", &f, &single()]),
+        ] {
+            for line in out.lines().filter(|l| !l.contains("memory_snapshot")) {
+                assert!(line.chars().count() <= 120, "{f}: {line}");
+            }
+        }
+    }
+}
+
+/// A file with two devices gives a row per device, with its device; files with the same name
+/// in two folders are told apart.
+#[test]
+fn rank_tables_show_devices_and_tell_files_apart() {
+    let dir = scratch();
+    for sub in ["a", "b"] {
+        std::fs::create_dir(dir.path().join(sub)).unwrap();
+        std::fs::copy(
+            testdata(SINGLE),
+            dir.path()
+                .join(sub)
+                .join("memory_snapshot_rank0_step1.pickle.xz"),
+        )
+        .unwrap();
+    }
+    // not searched without --recursive
+    let o = memsnap(&["compare", &dir.path().to_string_lossy()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--recursive"), "{}", stderr(&o));
+    let out = ok(&["compare", "-r", &dir.path().to_string_lossy()]);
+    assert!(out.contains("a/memory_snapshot_rank0_step1"), "{out}");
+    assert!(out.contains("b/memory_snapshot_rank0_step1"), "{out}");
+    assert!(out.lines().next().unwrap().contains("device"), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&ok(&[
+        "compare",
+        "-r",
+        "--json",
+        &dir.path().to_string_lossy(),
+    ]))
+    .unwrap();
+    let names: Vec<&str> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 2);
+    assert_ne!(names[0], names[1], "{names:?}");
+}
+
+#[test]
+fn two_devices_of_one_file_are_two_rows() {
+    let Some(shared) = shared() else { return };
+    let two = shared.join("two-devices/two_device.pickle.xz");
+    let v: serde_json::Value = serde_json::from_str(&ok(&[
+        "compare",
+        "--json",
+        &two.to_string_lossy(),
+        &single(),
+        &single(),
+    ]))
+    .unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    let devices: Vec<u64> = rows
+        .iter()
+        .filter(|r| r["file"].as_str().unwrap().contains("two_device"))
+        .map(|r| r["device"].as_u64().unwrap())
+        .collect();
+    assert_eq!(devices, vec![0, 1]);
+    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    let mut unique = names.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), names.len(), "{names:?}");
+}
