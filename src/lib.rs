@@ -4,21 +4,25 @@
 //! The library is a pipeline; each stage is a module and imports only the ones before it:
 //!
 //! ```text
-//!  file ──▶ pickle ──▶ snapshot ──▶ replay ──▶ report
-//!          (decode)    (model)     (memory
-//!                                  over time)
+//!  file ─▶ pickle ─▶ snapshot ─▶ replay ─▶ attribute ─▶ analysis ─┬─▶ report (text, JSON, compare)
+//!         (decode)   (model)    (memory    (labels)     (one value ├─▶ chart  (PNG, SVG)
+//!                               over time)               per device)└─▶ …later views
 //! ```
 //!
 //! - [`pickle`]: a data-only pickle VM (never runs code), with gzip/xz/zstd input;
 //! - [`snapshot`]: typed, interned tables of segments, blocks, trace events and frames;
 //! - [`replay`]: allocated, requested, active and reserved bytes after every event, from an
 //!   exact simulation of the caching allocator, checked against the snapshot's final state;
-//! - [`report`]: the figures `memsnap report` prints, as text or JSON.
+//! - [`attribute`]: every allocation's pipeline step, op, micro-batch, stage and category;
+//! - [`analysis`]: the one per-device value every view reads: replay, labels, the peak's
+//!   place and make-up, the step table;
+//! - [`report`] and [`chart`]: views of the analysis, which never import each other.
 //!
 //! ```no_run
 //! let snap = memsnap::snapshot::Snapshot::open("rank0.pickle".as_ref())?;
-//! for r in memsnap::replay::replay_all(&snap, Default::default()) {
-//!     println!("device {} peaked at {} bytes", r.device, r.peaks.allocated.bytes);
+//! for d in memsnap::analysis::analyse(&snap, &Default::default()) {
+//!     println!("device {} peaked at {} bytes in {}", d.device(),
+//!              d.replay.peaks.allocated.bytes, d.peak_place.summary());
 //! }
 //! # Ok::<(), memsnap::Error>(())
 //! ```
@@ -32,6 +36,7 @@ mod error;
 pub mod pickle;
 pub mod replay;
 pub mod report;
+pub mod simulate;
 pub mod snapshot;
 pub mod units;
 

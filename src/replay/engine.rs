@@ -219,6 +219,7 @@ impl<'a> Replayer<'a> {
         let segment_orphans = self.start_ranges();
         let (preexisting, frees_without_alloc) = self.start_blocks();
         let start = self.start_totals();
+        let start_layout = self.start_layout();
         let mut rec = Recording::new(self.events.len(), start, preexisting, self.misplaced);
         let t0 = self.events.iter().map(|e| e.time_us).find(|&t| t != 0);
         let t0 = t0.unwrap_or(0);
@@ -255,12 +256,45 @@ impl<'a> Replayer<'a> {
             check: EndCheck::default(),
             ooms: rec.ooms,
             time_span_us: (t0, t_end),
+            start_layout,
         };
         replay.check = self.check_end(&replay, anomalies);
         if self.model == SizeModel::Rounded {
             anchor_at_end(&mut replay);
         }
         replay
+    }
+
+    /// The segments and blocks rebuilt for trace start.
+    fn start_layout(&self) -> Vec<StartSegment> {
+        let mut by_address: Vec<(u64, Blk)> =
+            self.state.blocks.iter().map(|(&a, &b)| (a, b)).collect();
+        by_address.sort_unstable_by_key(|&(a, _)| a);
+        self.state
+            .ranges
+            .iter()
+            .map(|(&address, range)| {
+                let end = address.saturating_add(range.size);
+                let first = by_address.partition_point(|&(a, _)| a < address);
+                let blocks = by_address[first..]
+                    .iter()
+                    .take_while(|&&(a, _)| a < end)
+                    .map(|&(a, b)| StartBlock {
+                        address: a,
+                        size: b.size,
+                        requested: b.requested,
+                        preexisting: (b.state != Use::Free && b.origin & PRE != 0)
+                            .then_some((b.origin & !PRE) as usize),
+                    })
+                    .collect();
+                StartSegment {
+                    address,
+                    size: range.size,
+                    expandable: range.expandable,
+                    blocks,
+                }
+            })
+            .collect()
     }
 
     /// The four figures of the state rebuilt for trace start.

@@ -181,6 +181,34 @@ pub struct Replay {
     pub ooms: Vec<Oom>,
     /// Time of the first and last event (µs since the epoch; 0 if not recorded).
     pub time_span_us: (i64, i64),
+    /// The segments and blocks rebuilt for trace start, in address order.
+    pub start_layout: Vec<StartSegment>,
+}
+
+/// A segment (or a contiguous mapped range of an expandable segment) at trace start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartSegment {
+    /// Base address.
+    pub address: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Part of an expandable segment.
+    pub expandable: bool,
+    /// Its blocks in address order, covering it.
+    pub blocks: Vec<StartBlock>,
+}
+
+/// A block at trace start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StartBlock {
+    /// Address.
+    pub address: u64,
+    /// Block bytes.
+    pub size: u64,
+    /// Requested bytes, where known.
+    pub requested: u64,
+    /// Index into [`Replay::preexisting`] of the allocation it holds; `None` when free.
+    pub preexisting: Option<usize>,
 }
 
 /// Marks a `partner` value as an index into [`Replay::preexisting`].

@@ -507,6 +507,12 @@ impl Reader<'_> {
                         .map(|i| i as u64)
                 }
                 "expandable_segments" => s.expandable_segments = val == Value::Bool(true),
+                "garbage_collection_threshold" => {
+                    s.garbage_collection_threshold = match val {
+                        Value::Float(f) if f.is_finite() => f,
+                        other => self.heap.int(other).map_or(0.0, |i| i as f64),
+                    }
+                }
                 "trace_alloc_overflowed" => {
                     s.trace_overflowed = match val {
                         Value::Bool(b) => Some(b),

@@ -198,6 +198,8 @@ pub struct AllocatorSettings {
     pub expandable_segments: bool,
     /// `roundup_power2_divisions` per power-of-two interval starting at 1 MiB (index 0 = 1 MiB).
     pub roundup_power2_divisions: [u64; 16],
+    /// `garbage_collection_threshold` (0 = off).
+    pub garbage_collection_threshold: f64,
     /// `trace_alloc_overflowed` (torch after 2.11): the trace ring buffer dropped old entries.
     pub trace_overflowed: Option<bool>,
     /// Every setting as `key = value` text, in file order, for display.

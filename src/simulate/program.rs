@@ -1,0 +1,269 @@
+//! What the program asked of the allocator, read from a device's trace: each allocation with
+//! its size and stream, each free, each deferred free completing, each `empty_cache()`, and
+//! the request that failed. Everything the allocator did on its own (new segments, releases
+//! before an out-of-memory retry, garbage collection) is left out: the simulation decides that
+//! again under the settings it is given.
+
+use crate::replay::{Replay, NONE, PREEXISTING};
+use crate::snapshot::{Action, SegmentType, Snapshot, TraceEvent};
+
+/// One request of the program, in trace order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// An allocation of `size` bytes on `stream`; `req` names it for its free.
+    Alloc {
+        /// Request id: the event index, or `events + k` for the k-th block from before.
+        req: u32,
+        /// Bytes asked for.
+        size: u64,
+        /// CUDA stream.
+        stream: i64,
+    },
+    /// The program freed `req`; with `now` the block returns to the cache at once, otherwise
+    /// it waits for other streams until [`Op::Complete`].
+    Free {
+        /// The request freed.
+        req: u32,
+        /// Returned to the cache at once.
+        now: bool,
+    },
+    /// A deferred free completes.
+    Complete {
+        /// The request.
+        req: u32,
+    },
+    /// `torch.cuda.empty_cache()`.
+    EmptyCache,
+    /// The request that failed in the recorded run (`size` is rounded).
+    Fail {
+        /// Rounded bytes.
+        size: u64,
+        /// CUDA stream.
+        stream: i64,
+    },
+}
+
+/// A block alive before the trace, to be allocated again when the simulation cannot start
+/// from the recorded layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Before {
+    /// Request id (`events + k`).
+    pub req: u32,
+    /// Bytes asked for (the block size when unknown).
+    pub size: u64,
+    /// CUDA stream.
+    pub stream: i64,
+}
+
+/// One segment-level event of a run, recorded or simulated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentEvent {
+    /// The trace event during which it happened.
+    pub event: usize,
+    /// `segment_alloc`, `segment_free`, `segment_map` or `segment_unmap`.
+    pub action: Action,
+    /// Bytes.
+    pub size: u64,
+}
+
+/// The program's requests on one device, with what is needed to start simulating them.
+#[derive(Clone, Debug)]
+pub struct Program {
+    /// Device ordinal.
+    pub device: u32,
+    /// Trace events.
+    pub events: usize,
+    /// Requests, each with the index of its trace event.
+    pub ops: Vec<(usize, Op)>,
+    /// Blocks alive before the trace, in address order.
+    pub before: Vec<Before>,
+    /// Segment events the recorded run made.
+    pub recorded_segments: Vec<SegmentEvent>,
+    /// Each segment and block at trace start with its stream and pool: `(stream, small)`.
+    pub start_streams: Vec<(i64, bool)>,
+    /// Whether private pools (CUDA graphs, `MemPool`) were in use: their requests carry no
+    /// pool in the trace, so they cannot be simulated faithfully.
+    pub private_pools: bool,
+}
+
+impl Program {
+    /// Reads the requests of the device that `replay` replayed.
+    pub fn new(snap: &Snapshot, replay: &Replay) -> Program {
+        let events = snap.trace(replay.device);
+        let n = events.len();
+        let req_of = |partner: u32| -> Option<u32> {
+            if partner == NONE {
+                None
+            } else if partner & PREEXISTING != 0 {
+                Some(n as u32 + (partner & !PREEXISTING))
+            } else {
+                Some(partner)
+            }
+        };
+        let mut ops = Vec::with_capacity(n);
+        let mut skip_completion = vec![false; n];
+        let mut recorded_segments = Vec::new();
+        let mut i = 0;
+        while i < n {
+            let e = &events[i];
+            match e.action {
+                Action::Alloc => ops.push((
+                    i,
+                    Op::Alloc {
+                        req: i as u32,
+                        size: e.size,
+                        stream: e.stream,
+                    },
+                )),
+                Action::FreeRequested => {
+                    if let Some(req) = req_of(replay.partner[i]) {
+                        let now = events.get(i + 1).is_some_and(|next| {
+                            next.action == Action::FreeCompleted && next.addr == e.addr
+                        });
+                        if now {
+                            skip_completion[i + 1] = true;
+                        }
+                        ops.push((i, Op::Free { req, now }));
+                    }
+                }
+                Action::FreeCompleted if !skip_completion[i] => {
+                    if let Some(req) = req_of(replay.partner[i]) {
+                        ops.push((i, Op::Complete { req }));
+                    }
+                }
+                Action::SegmentAlloc
+                | Action::SegmentFree
+                | Action::SegmentMap
+                | Action::SegmentUnmap => {
+                    let end = segment_run_end(events, i);
+                    for (k, s) in events.iter().enumerate().take(end).skip(i) {
+                        recorded_segments.push(SegmentEvent {
+                            event: k,
+                            action: s.action,
+                            size: s.size,
+                        });
+                    }
+                    if is_empty_cache(snap, events, i, end) {
+                        ops.push((i, Op::EmptyCache));
+                    }
+                    i = end;
+                    continue;
+                }
+                Action::Oom => ops.push((
+                    i,
+                    Op::Fail {
+                        size: e.size,
+                        stream: e.stream,
+                    },
+                )),
+                _ => {}
+            }
+            i += 1;
+        }
+        let start_streams = start_streams(snap, replay);
+        let before = before_blocks(snap, replay, n);
+        Program {
+            device: replay.device,
+            events: n,
+            ops,
+            before,
+            recorded_segments,
+            start_streams,
+            private_pools: snap
+                .segments_of(replay.device)
+                .any(|s| s.pool_id != (0, 0)),
+        }
+    }
+}
+
+/// The end (exclusive) of the run of segment events starting at `i`.
+fn segment_run_end(events: &[TraceEvent], i: usize) -> usize {
+    let mut end = i;
+    while end < events.len()
+        && matches!(
+            events[end].action,
+            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap
+        )
+    {
+        end += 1;
+    }
+    end
+}
+
+/// Whether the releases in `events[i..end]` are the program's `empty_cache()` rather than the
+/// allocator's own (before an out-of-memory retry, or garbage collection): their stack names
+/// `empty_cache`; or, without stacks, nothing in the allocator follows them (no new segment,
+/// no failure).
+fn is_empty_cache(snap: &Snapshot, events: &[TraceEvent], i: usize, end: usize) -> bool {
+    let releases = events[i..end]
+        .iter()
+        .filter(|e| matches!(e.action, Action::SegmentFree | Action::SegmentUnmap));
+    let mut any = false;
+    let mut framed = false;
+    for e in releases {
+        any = true;
+        for f in snap.stacks.frames(e.stack) {
+            framed = true;
+            if snap.str(f.name).contains("empty_cache") || snap.str(f.name).contains("emptyCache")
+            {
+                return true;
+            }
+        }
+    }
+    if !any || framed {
+        return false;
+    }
+    let grows = events[i..end]
+        .iter()
+        .any(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap));
+    !grows && events.get(end).is_none_or(|e| e.action != Action::Oom)
+}
+
+/// The stream and pool (`small`) of each segment at trace start, in the replay's order.
+fn start_streams(snap: &Snapshot, replay: &Replay) -> Vec<(i64, bool)> {
+    let events = snap.trace(replay.device);
+    replay
+        .start_layout
+        .iter()
+        .map(|seg| {
+            let end = seg.address.saturating_add(seg.size);
+            let recorded = snap
+                .segments_of(replay.device)
+                .find(|s| s.address < end && seg.address < s.address.saturating_add(s.total_size));
+            match recorded {
+                Some(s) => (s.stream, s.segment_type == SegmentType::Small),
+                None => {
+                    let stream = events
+                        .iter()
+                        .find(|e| {
+                            matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)
+                                && e.addr >= seg.address
+                                && e.addr < end
+                        })
+                        .map_or(0, |e| e.stream);
+                    (stream, !seg.expandable && seg.size == 2 << 20)
+                }
+            }
+        })
+        .collect()
+}
+
+/// The blocks alive before the trace, in address order.
+fn before_blocks(snap: &Snapshot, replay: &Replay, n: usize) -> Vec<Before> {
+    let streams = start_streams(snap, replay);
+    let mut out = Vec::new();
+    for (seg, &(stream, _)) in replay.start_layout.iter().zip(&streams) {
+        for b in &seg.blocks {
+            if let Some(k) = b.preexisting {
+                if replay.preexisting.get(k).is_some_and(|p| p.live) {
+                    out.push(Before {
+                        req: (n + k) as u32,
+                        size: if b.requested > 0 { b.requested } else { b.size },
+                        stream,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
