@@ -20,6 +20,21 @@ pub fn bytes(b: u64) -> String {
     }
 }
 
+/// A size as PyTorch's out-of-memory message writes it (`format_size`): `N bytes` up to
+/// 1 KiB, then KiB below 1 MiB, MiB below 1 GiB, GiB above; two decimals.
+pub fn torch_size(b: u64) -> String {
+    let f = b as f64;
+    if b <= 1024 {
+        format!("{b} bytes")
+    } else if f < MIB {
+        format!("{:.2} KiB", f / KIB)
+    } else if f < GIB {
+        format!("{:.2} MiB", f / MIB)
+    } else {
+        format!("{:.2} GiB", f / GIB)
+    }
+}
+
 /// A signed difference: `+1.25 GiB`, `-3.00 MiB`, `0 B`.
 pub fn bytes_delta(d: i128) -> String {
     let text = bytes(d.unsigned_abs().min(u64::MAX as u128) as u64);
@@ -96,6 +111,9 @@ mod tests {
         assert_eq!(count(12), "12");
         assert_eq!(percent(1, 3), "33.3%");
         assert_eq!(counted(1, "event"), "1 event");
+        assert_eq!(torch_size(1000 << 20), "1000.00 MiB");
+        assert_eq!(torch_size(1024), "1024 bytes");
+        assert_eq!(torch_size(3 << 30), "3.00 GiB");
         assert_eq!(counted(1200, "free"), "1,200 frees");
         assert_eq!(counted(0, "block"), "0 blocks");
         assert_eq!(percent(1, 0), "-");

@@ -6,6 +6,7 @@ mod compare;
 mod report;
 mod timeline;
 mod ui;
+mod whatif;
 
 use std::io::{self, Write};
 use std::path::Path;
@@ -32,6 +33,10 @@ enum Command {
     Timeline(timeline::TimelineArgs),
     /// Compare two snapshots side by side, or a folder of ranks in one table.
     Compare(compare::CompareArgs),
+    /// Simulate the caching allocator under other settings or memory caps: would it fit?
+    Whatif(whatif::WhatIfArgs),
+    /// Explain an out-of-memory error: figures, what was live, why, and what would fit.
+    Oom(whatif::OomArgs),
 }
 
 /// Why a command did not fully succeed.
@@ -212,6 +217,8 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Report(args) => report::run(args),
         Command::Timeline(args) => timeline::run(args),
         Command::Compare(args) => compare::run(args),
+        Command::Whatif(args) => whatif::run_whatif(args),
+        Command::Oom(args) => whatif::run_oom(args),
     })
 }
 

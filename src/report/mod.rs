@@ -6,7 +6,9 @@
 
 pub mod compare;
 pub mod json;
+pub mod oom;
 pub mod text;
+pub mod whatif;
 
 use std::collections::BTreeMap;
 

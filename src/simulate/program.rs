@@ -84,6 +84,10 @@ pub struct Program {
     /// Whether private pools (CUDA graphs, `MemPool`) were in use: their requests carry no
     /// pool in the trace, so they cannot be simulated faithfully.
     pub private_pools: bool,
+    /// Where the recorded allocator was refused memory and released its cache to retry:
+    /// `(first event of the releases, the request it was for, whether that size is already
+    /// rounded)`.
+    pub refusals: Vec<(usize, u64, bool)>,
 }
 
 impl Program {
@@ -103,6 +107,7 @@ impl Program {
         let mut ops = Vec::with_capacity(n);
         let mut skip_completion = vec![false; n];
         let mut recorded_segments = Vec::new();
+        let mut refusals = Vec::new();
         let mut i = 0;
         while i < n {
             let e = &events[i];
@@ -145,6 +150,18 @@ impl Program {
                     }
                     if is_empty_cache(snap, events, i, end) {
                         ops.push((i, Op::EmptyCache));
+                    } else if events[i..end]
+                        .iter()
+                        .any(|e| matches!(e.action, Action::SegmentFree | Action::SegmentUnmap))
+                    {
+                        let request = events[end..].iter().find_map(|e| match e.action {
+                            Action::Alloc => Some((e.size, false)),
+                            Action::Oom => Some((e.size, true)),
+                            _ => None,
+                        });
+                        if let Some((size, rounded)) = request {
+                            refusals.push((i, size, rounded));
+                        }
                     }
                     i = end;
                     continue;
@@ -172,6 +189,7 @@ impl Program {
             private_pools: snap
                 .segments_of(replay.device)
                 .any(|s| s.pool_id != (0, 0)),
+            refusals,
         }
     }
 }

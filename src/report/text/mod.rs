@@ -2,6 +2,7 @@
 //! comparisons the same way.
 
 pub mod compare;
+pub mod whatif;
 
 use std::io::{self, Write};
 
@@ -222,7 +223,7 @@ fn write_device(
     writeln!(out)
 }
 
-fn write_shares(
+pub(crate) fn write_shares(
     out: &mut dyn Write,
     title: &str,
     shares: &[Share],

@@ -1,0 +1,247 @@
+//! `memsnap whatif FILE` and `memsnap oom FILE`: the allocator simulated under other settings.
+
+use std::io::{self, BufWriter, Write};
+use std::path::PathBuf;
+
+use memsnap::analysis::{self, DeviceAnalysis};
+use memsnap::report::oom::{self, DeviceOom, OomOptions, OomReport};
+use memsnap::report::whatif::{DeviceWhatIf, WhatIfOptions, WhatIfReport};
+use memsnap::report::{json, text};
+use memsnap::simulate::{parse_size, AllocConf};
+
+use super::{load, Failure, InputArgs, Tally};
+
+/// The memory limit and device options shared by `whatif` and `oom`.
+#[derive(Debug, clap::Args)]
+pub struct LimitArgs {
+    /// Per-process memory cap to simulate, e.g. `9.04GiB`, `9000MiB` or bytes
+    /// (`torch.cuda.set_per_process_memory_fraction` times the device's memory).
+    #[arg(long, value_name = "SIZE", conflicts_with = "cap_fraction")]
+    pub cap: Option<String>,
+    /// The cap as a fraction of the device's memory (needs --device-total).
+    #[arg(long, value_name = "F", requires = "device_total")]
+    pub cap_fraction: Option<f64>,
+    /// The device's total memory (the snapshot does not record it), e.g. `139.80GiB`.
+    #[arg(long, value_name = "SIZE")]
+    pub device_total: Option<String>,
+    /// The settings the snapshot was recorded with, when it has no `allocator_settings`
+    /// (torch before 2.3).
+    #[arg(long, value_name = "CONF")]
+    pub recorded_conf: Option<String>,
+    /// Only this device.
+    #[arg(long)]
+    pub device: Option<u32>,
+    /// JSON instead of text (schema in the README).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The figures of `LimitArgs`: cap, device total, recorded settings.
+struct Limits {
+    cap: Option<u64>,
+    device_total: Option<u64>,
+    recorded_conf: Option<AllocConf>,
+}
+
+impl LimitArgs {
+    fn limits(&self) -> Result<Limits, Failure> {
+        let size = |flag: &str, text: &str| {
+            parse_size(text).ok_or_else(|| {
+                Failure::Usage(format!(
+                    "{flag} {text:?}: not a size (use bytes, or a number with KiB, MiB, GiB)"
+                ))
+            })
+        };
+        let device_total = match &self.device_total {
+            Some(t) => Some(size("--device-total", t)?),
+            None => None,
+        };
+        let cap = match (&self.cap, self.cap_fraction, device_total) {
+            (Some(c), _, _) => Some(size("--cap", c)?),
+            (None, Some(f), Some(total)) => {
+                if !(0.0..=1.0).contains(&f) {
+                    return Err(Failure::Usage(format!(
+                        "--cap-fraction {f}: a fraction from 0 to 1"
+                    )));
+                }
+                // as PyTorch: (size_t)(fraction * total), and 1.0 means no cap
+                (f < 1.0).then(|| (f * total as f64) as u64)
+            }
+            _ => None,
+        };
+        let recorded_conf = match &self.recorded_conf {
+            Some(s) => Some(parse_conf("--recorded-conf", s)?),
+            None => None,
+        };
+        Ok(Limits {
+            cap,
+            device_total,
+            recorded_conf,
+        })
+    }
+}
+
+fn parse_conf(flag: &str, text: &str) -> Result<AllocConf, Failure> {
+    AllocConf::parse(text).map_err(|e| Failure::Usage(format!("{flag} {text:?}: {e}")))
+}
+
+/// Arguments of `memsnap whatif`.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Example:\n  memsnap whatif rank0.pickle.xz --cap 9.04GiB --try expandable_segments:True --try max_split_size_mb:256 --min-cap"
+)]
+pub struct WhatIfArgs {
+    /// Snapshot files.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Allocator settings to simulate (a PYTORCH_CUDA_ALLOC_CONF string); default: the
+    /// recorded ones.
+    #[arg(long, value_name = "CONF")]
+    pub alloc_conf: Option<String>,
+    /// More settings to simulate, one row each (repeatable).
+    #[arg(long = "try", value_name = "CONF")]
+    pub tries: Vec<String>,
+    /// Also find, by bisection, the smallest cap under which the recorded work fits.
+    #[arg(long)]
+    pub min_cap: bool,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
+    pub input: InputArgs,
+}
+
+/// Arguments of `memsnap oom`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Example:\n  memsnap oom memory_snapshot_rank0_oom.pickle.xz --device-total 139.80GiB")]
+pub struct OomArgs {
+    /// Snapshot files.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Rows per table.
+    #[arg(long, default_value_t = 6)]
+    pub top: usize,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
+    pub input: InputArgs,
+}
+
+/// The devices of a file to simulate: those with events, or the one asked for.
+fn devices<'s>(
+    snap: &'s memsnap::snapshot::Snapshot,
+    path: &std::path::Path,
+    device: Option<u32>,
+    options: &analysis::Options,
+) -> Result<Vec<DeviceAnalysis<'s>>, memsnap::Error> {
+    let mut devices: Vec<u32> = snap.devices_with_events().collect();
+    if let Some(d) = device {
+        if !devices.contains(&d) {
+            return Err(memsnap::Error::new(
+                path,
+                memsnap::ErrorKind::Usage(format!("device {d} has no events")),
+            ));
+        }
+        devices = vec![d];
+    }
+    Ok(devices
+        .into_iter()
+        .map(|d| analysis::analyse_device(snap, d, options))
+        .collect())
+}
+
+pub fn run_whatif(args: WhatIfArgs) -> Result<(), Failure> {
+    let limits = args.limits.limits()?;
+    let mut confs = Vec::new();
+    if let Some(c) = &args.alloc_conf {
+        confs.push(parse_conf("--alloc-conf", c)?);
+    }
+    for t in &args.tries {
+        confs.push(parse_conf("--try", t)?);
+    }
+    if !confs.is_empty() && args.alloc_conf.is_none() {
+        // the recorded settings first, then each one tried
+        confs.insert(0, AllocConf::default());
+    }
+    let options = args.input.analysis()?;
+    let stdout = io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    let mut tally = Tally::default();
+    for path in &args.files {
+        let result = load(path).and_then(|snap| {
+            let analyses = devices(&snap, path, args.limits.device, &options)?;
+            let devices = analyses
+                .iter()
+                .map(|a| {
+                    let mut confs = confs.clone();
+                    if args.alloc_conf.is_none() && !confs.is_empty() {
+                        confs[0] = memsnap::report::whatif::recorded_conf(
+                            a,
+                            limits.recorded_conf.as_ref(),
+                        )
+                        .0;
+                    }
+                    DeviceWhatIf::new(
+                        a,
+                        &WhatIfOptions {
+                            confs,
+                            cap: limits.cap,
+                            device_total: limits.device_total,
+                            recorded_conf: limits.recorded_conf.clone(),
+                            min_cap: args.min_cap,
+                        },
+                    )
+                })
+                .collect();
+            Ok(WhatIfReport {
+                file: path.display().to_string(),
+                devices,
+            })
+        });
+        match result {
+            Ok(r) if args.limits.json => json::write_whatif(&mut out, &r)?,
+            Ok(r) => text::whatif::write_whatif(&mut out, &r)?,
+            Err(e) => tally.complain(&e),
+        }
+        out.flush()?;
+    }
+    tally.finish()
+}
+
+pub fn run_oom(args: OomArgs) -> Result<(), Failure> {
+    let limits = args.limits.limits()?;
+    let options = args.input.analysis()?;
+    let text_options = text::TextOptions {
+        top: args.top,
+        ..Default::default()
+    };
+    let stdout = io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    let mut tally = Tally::default();
+    for path in &args.files {
+        let result = load(path).and_then(|snap| {
+            let analyses = devices(&snap, path, args.limits.device, &options)?;
+            let oom_options = OomOptions {
+                cap: limits.cap,
+                device_total: limits.device_total,
+                recorded_conf: limits.recorded_conf.clone(),
+            };
+            Ok(OomReport {
+                file: path.display().to_string(),
+                devices: analyses
+                    .iter()
+                    .map(|a| DeviceOom {
+                        device: a.device(),
+                        oom: oom::explain(a, &oom_options),
+                    })
+                    .collect(),
+            })
+        });
+        match result {
+            Ok(r) if args.limits.json => json::write_oom(&mut out, &r)?,
+            Ok(r) => text::whatif::write_oom(&mut out, &r, &text_options)?,
+            Err(e) => tally.complain(&e),
+        }
+        out.flush()?;
+    }
+    tally.finish()
+}

@@ -1,0 +1,294 @@
+//! `memsnap whatif` and `memsnap oom` as text.
+
+use std::io::{self, Write};
+
+use comfy_table::CellAlignment;
+
+use super::{indented, table, write_shares, TextOptions};
+use crate::report::oom::{DeviceOom, OomExplanation, OomReport};
+use crate::report::whatif::{DeviceWhatIf, Scenario, WhatIfReport};
+use crate::simulate::{SelfCheck, SimOom};
+use crate::units;
+
+/// Writes the what-if tables of one file.
+pub fn write_whatif(out: &mut dyn Write, r: &WhatIfReport) -> io::Result<()> {
+    if r.devices.is_empty() {
+        writeln!(
+            out,
+            "{}: no device has trace events to simulate (memory history was not recorded)",
+            r.file
+        )?;
+    }
+    for d in &r.devices {
+        write_device(out, &r.file, d)?;
+    }
+    Ok(())
+}
+
+fn write_device(out: &mut dyn Write, file: &str, d: &DeviceWhatIf) -> io::Result<()> {
+    writeln!(out, "{file} · device {}", d.device)?;
+    let from = match d.recorded.settings_from {
+        "snapshot" => "as the snapshot's allocator_settings say",
+        "given" => "as given with --recorded-conf",
+        _ => "inferred from the trace (the snapshot has no allocator_settings)",
+    };
+    writeln!(
+        out,
+        "  recorded with {} ({from}); {}",
+        d.recorded.alloc_conf,
+        units::counted(d.events as u64, "event")
+    )?;
+    writeln!(out, "  {}", self_check_line(&d.self_check))?;
+    let with_min_cap = d.simulated.iter().any(|s| s.min_cap_bytes.is_some());
+    let mut header = vec![
+        "settings",
+        "cap",
+        "peak allocated",
+        "peak reserved",
+        "fragmentation",
+        "outcome",
+    ];
+    if with_min_cap {
+        header.insert(5, "smallest cap");
+    }
+    let mut t = table(&header);
+    if let Some(c) = t.column_mut(header.len() - 1) {
+        c.set_cell_alignment(CellAlignment::Left);
+    }
+    let rec = &d.recorded;
+    let mut row = vec![
+        format!("recorded: {}", rec.alloc_conf),
+        "-".to_string(),
+        units::bytes(rec.peak_allocated_bytes),
+        units::bytes(rec.peak_reserved_bytes),
+        units::bytes(rec.fragmentation_at_peak_bytes),
+        match &rec.oom {
+            Some(o) => format!(
+                "OOM at event {}: {} with {} allocated",
+                units::count(o.event as u64),
+                units::bytes(o.requested_bytes),
+                units::bytes(o.allocated_bytes)
+            ),
+            None => "fits".to_string(),
+        },
+    ];
+    if with_min_cap {
+        row.insert(5, String::new());
+    }
+    t.add_row(row);
+    for s in &d.simulated {
+        t.add_row(scenario_row(s, with_min_cap));
+    }
+    writeln!(out)?;
+    writeln!(out, "{}", indented(&t, "  "))?;
+    writeln!(out)
+}
+
+/// One simulated setting as a table row.
+fn scenario_row(s: &Scenario, with_min_cap: bool) -> Vec<String> {
+    let o = &s.outcome;
+    let mut row = vec![
+        o.alloc_conf.clone(),
+        o.cap_bytes.map_or("-".to_string(), units::bytes),
+        units::bytes(o.peak_allocated_bytes),
+        units::bytes(o.peak_reserved_bytes),
+        units::bytes(o.fragmentation_at_peak_bytes),
+        outcome_text(o.oom.as_ref()),
+    ];
+    if with_min_cap {
+        row.insert(5, s.min_cap_bytes.map_or("never fits".to_string(), units::bytes));
+    }
+    row
+}
+
+fn outcome_text(oom: Option<&SimOom>) -> String {
+    match oom {
+        None => "fits".to_string(),
+        Some(o) if o.recorded_failure => format!(
+            "OOM at the recorded failure, {} allocated, {} reserved",
+            units::bytes(o.allocated_bytes),
+            units::bytes(o.reserved_bytes)
+        ),
+        Some(o) => format!(
+            "OOM at event {}: {} with {} allocated, {} reserved",
+            units::count(o.event as u64),
+            units::bytes(o.requested_bytes),
+            units::bytes(o.allocated_bytes),
+            units::bytes(o.reserved_bytes)
+        ),
+    }
+}
+
+/// "simulation reproduces the recorded run: ..." or how far it is off.
+pub fn self_check_line(c: &SelfCheck) -> String {
+    let segments = format!(
+        "{} of {} segment events equal",
+        units::count(c.segment_events_equal as u64),
+        units::count(c.segment_events as u64)
+    );
+    let cap = match (c.cap_bytes, c.cap_inferred) {
+        (Some(cap), true) => format!(
+            " (cap taken as {}, the most the recorded refusals allow)",
+            units::bytes(cap)
+        ),
+        _ => String::new(),
+    };
+    let mut line = if c.exact {
+        format!("simulation reproduces the recorded run: peak reserved equal, {segments}{cap}")
+    } else {
+        let mut parts = vec![format!(
+            "peak reserved {} simulated vs {} recorded",
+            units::bytes(c.simulated_peak_reserved_bytes),
+            units::bytes(c.recorded_peak_reserved_bytes)
+        )];
+        parts.push(segments);
+        if c.simulated_segment_events != c.segment_events {
+            parts.push(format!(
+                "{} simulated",
+                units::counted(c.simulated_segment_events as u64, "segment event")
+            ));
+        }
+        if c.reserved_mismatches > 0 {
+            parts.push(format!(
+                "reserved differs after {} by up to {}",
+                units::counted(c.reserved_mismatches as u64, "event"),
+                units::bytes(c.max_reserved_diff_bytes)
+            ));
+        }
+        if c.recorded_oom_event != c.simulated_oom_event {
+            parts.push(format!(
+                "failure at {} recorded, {} simulated",
+                c.recorded_oom_event.map_or("none".into(), |e| format!("event {e}")),
+                c.simulated_oom_event.map_or("none".into(), |e| format!("event {e}")),
+            ));
+        }
+        format!(
+            "simulation differs from the recorded run{cap}: {}",
+            parts.join(", ")
+        )
+    };
+    if let Some(note) = &c.note {
+        line.push_str(&format!("; note: {note}"));
+    }
+    line
+}
+
+/// Writes `memsnap oom` for one file.
+pub fn write_oom(out: &mut dyn Write, r: &OomReport, options: &TextOptions) -> io::Result<()> {
+    if r.devices.is_empty() {
+        writeln!(
+            out,
+            "{}: no device has trace events (memory history was not recorded), so no failure to explain",
+            r.file
+        )?;
+    }
+    for DeviceOom { device, oom } in &r.devices {
+        writeln!(out, "{} · device {device}", r.file)?;
+        match oom {
+            Some(e) => write_explanation(out, e, options)?,
+            None => writeln!(out, "  no out-of-memory error in this trace")?,
+        }
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+/// The failure's figures, verdict, what was live and the what-ifs.
+pub fn write_explanation(
+    out: &mut dyn Write,
+    e: &OomExplanation,
+    options: &TextOptions,
+) -> io::Result<()> {
+    writeln!(
+        out,
+        "  OUT OF MEMORY at event {}: a request of {} needed a {} segment",
+        units::count(e.event as u64),
+        units::bytes(e.requested_bytes),
+        units::bytes(e.alloc_size_bytes)
+    )?;
+    let allowed = match (e.cap_bytes, e.cap_inferred) {
+        (Some(c), false) => format!(" {} allowed;", units::torch_size(c)),
+        _ => String::new(),
+    };
+    writeln!(
+        out,
+        "  PyTorch's message: \"Tried to allocate {}. ...{allowed} Of the allocated memory {} is allocated by PyTorch, and {} is reserved by PyTorch but unallocated.\"",
+        units::torch_size(e.alloc_size_bytes),
+        units::torch_size(e.allocated_bytes),
+        units::torch_size(e.reserved_unallocated_bytes)
+    )?;
+    let mut facts = vec![
+        format!("device free {}", units::bytes(e.device_free_bytes)),
+        format!("largest free cached block {}", units::bytes(e.largest_free_block_bytes)),
+    ];
+    if let Some(c) = e.cap_bytes {
+        facts.push(if e.cap_inferred {
+            format!("cap at most {} (inferred)", units::bytes(c))
+        } else {
+            format!("cap {}", units::bytes(c))
+        });
+    }
+    if let Some(n) = e.non_pytorch_bytes {
+        facts.push(format!("outside PyTorch {}", units::bytes(n)));
+    }
+    writeln!(out, "  {}", facts.join(" · "))?;
+    writeln!(out, "  verdict: {}", e.explanation)?;
+    if let Some(short) = e.short_by_bytes.filter(|&s| s > 0) {
+        writeln!(out, "  short by {}", units::bytes(short))?;
+    }
+    for dim in ["category", "step", "stage"] {
+        if let Some(shares) = e.live.get(dim) {
+            write_shares(
+                out,
+                &format!("live at the failure, by {dim}"),
+                shares,
+                e.allocated_bytes,
+                options.top,
+            )?;
+        }
+    }
+    write_shares(
+        out,
+        "top allocation sites live at the failure",
+        &e.top_sites,
+        e.allocated_bytes,
+        options.top.min(5),
+    )?;
+    let title = match (e.cap_bytes, e.cap_inferred) {
+        (Some(c), false) => format!("what if, cap {}", units::bytes(c)),
+        (Some(c), true) => format!("what if, cap {} (inferred)", units::bytes(c)),
+        (None, _) => "what if".to_string(),
+    };
+    let mut t = table(&[&title, "peak allocated", "peak reserved", "outcome"]);
+    if let Some(c) = t.column_mut(3) {
+        c.set_cell_alignment(CellAlignment::Left);
+    }
+    for s in &e.whatif {
+        let o = &s.outcome;
+        t.add_row(vec![
+            o.alloc_conf.clone(),
+            units::bytes(o.peak_allocated_bytes),
+            units::bytes(o.peak_reserved_bytes),
+            outcome_text(o.oom.as_ref()),
+        ]);
+    }
+    writeln!(out)?;
+    writeln!(out, "{}", indented(&t, "  "))?;
+    if e.cap_inferred {
+        writeln!(
+            out,
+            "  the snapshot does not record the cap: these use the most it can have been; give --cap for the real one"
+        )?;
+    }
+    writeln!(
+        out,
+        "  {}",
+        match e.min_cap_bytes {
+            Some(c) => format!(
+                "with the recorded settings, the recorded work fits under a cap of {}",
+                units::bytes(c)
+            ),
+            None => "with the recorded settings, the recorded work does not fit under any cap".to_string(),
+        }
+    )
+}
