@@ -5,5 +5,6 @@ mod chart;
 mod compare;
 mod errors;
 mod report;
+mod simulate;
 mod usability;
 mod util;

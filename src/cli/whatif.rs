@@ -65,7 +65,7 @@ impl LimitArgs {
                     )));
                 }
                 // as PyTorch: (size_t)(fraction * total), and 1.0 means no cap
-                (f < 1.0).then(|| (f * total as f64) as u64)
+                (f < 1.0).then_some((f * total as f64) as u64)
             }
             _ => None,
         };
@@ -112,7 +112,9 @@ pub struct WhatIfArgs {
 
 /// Arguments of `memsnap oom`.
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Example:\n  memsnap oom memory_snapshot_rank0_oom.pickle.xz --device-total 139.80GiB")]
+#[command(
+    after_help = "Example:\n  memsnap oom memory_snapshot_rank0_oom.pickle.xz --device-total 139.80GiB"
+)]
 pub struct OomArgs {
     /// Snapshot files.
     #[arg(required = true)]

@@ -112,6 +112,8 @@ pub struct DeviceReport {
     pub largest_free_block_bytes: u64,
     /// Failed allocations.
     pub ooms: Vec<Oom>,
+    /// The first failure explained (as `memsnap oom` does, without a cap or device total).
+    pub oom_explanation: Option<oom::OomExplanation>,
     /// Details of the end-of-replay check.
     pub check: EndCheck,
     /// How events were labelled.
@@ -134,6 +136,9 @@ pub struct FileReport {
     pub file: String,
     /// Encoding details.
     pub source: SourceInfo,
+    /// The allocator settings the snapshot recorded, as a `PYTORCH_CUDA_ALLOC_CONF` string
+    /// (`defaults` when none was set); `null` for snapshots before torch 2.3.
+    pub allocator_settings: Option<String>,
     /// Devices with trace events, or with segments when no device has events.
     pub devices: Vec<DeviceReport>,
 }
@@ -216,6 +221,7 @@ impl DeviceReport {
             fragmentation_at_end_bytes: r.end.reserved.saturating_sub(r.end.allocated),
             largest_free_block_bytes: largest_free_block(snap, r.device),
             ooms: r.ooms.clone(),
+            oom_explanation: oom::explain(a, &Default::default()),
             check: r.check.clone(),
             attribution: AttributionSummary {
                 preset: a.attribution.preset,
@@ -235,6 +241,10 @@ impl FileReport {
         FileReport {
             file: file.to_string(),
             source: snap.source.clone(),
+            allocator_settings: snap
+                .settings
+                .as_ref()
+                .map(|s| crate::simulate::AllocConf::from_settings(s).to_string()),
             devices: devices.iter().map(DeviceReport::new).collect(),
         }
     }

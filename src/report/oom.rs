@@ -95,8 +95,14 @@ pub fn explain(a: &DeviceAnalysis, options: &OomOptions) -> Option<OomExplanatio
     let oom = *replay.ooms.first()?;
     let program = Program::new(snap, replay);
     let (recorded, _) = recorded_conf(a, options.recorded_conf.as_ref());
-    let (check, sim) =
-        simulate::self_check(snap, replay, &program, &recorded, options.cap, options.device_total);
+    let (check, sim) = simulate::self_check(
+        snap,
+        replay,
+        &program,
+        &recorded,
+        options.cap,
+        options.device_total,
+    );
     let cap = check.cap_bytes;
     let alloc_size = allocation_size(oom.requested);
     let unallocated = oom.reserved.saturating_sub(oom.allocated);
@@ -150,7 +156,12 @@ pub fn explain(a: &DeviceAnalysis, options: &OomOptions) -> Option<OomExplanatio
     let live = breakdown::live_at(snap, replay, &a.attribution, Some(oom.event));
     let mut keyer = a.keyer();
     let mut by = BTreeMap::new();
-    for d in [Dimension::Category, Dimension::Step, Dimension::Op, Dimension::Stage] {
+    for d in [
+        Dimension::Category,
+        Dimension::Step,
+        Dimension::Op,
+        Dimension::Stage,
+    ] {
         by.insert(d.as_str(), breakdown::group(&mut keyer, d, &live));
     }
     let mut top_sites = breakdown::group(&mut keyer, Dimension::Site, &live);
@@ -189,9 +200,10 @@ pub fn explain(a: &DeviceAnalysis, options: &OomOptions) -> Option<OomExplanatio
         cap_bytes: cap,
         cap_inferred: check.cap_inferred,
         device_total_bytes: options.device_total,
-        non_pytorch_bytes: options
-            .device_total
-            .map(|t| t.saturating_sub(oom.device_free).saturating_sub(oom.reserved)),
+        non_pytorch_bytes: options.device_total.map(|t| {
+            t.saturating_sub(oom.device_free)
+                .saturating_sub(oom.reserved)
+        }),
         largest_free_block_bytes: largest,
         verdict,
         explanation,

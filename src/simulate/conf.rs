@@ -208,7 +208,10 @@ impl fmt::Display for AllocConf {
             parts.push(format!("max_split_size_mb:{}", m / MIB));
         }
         if self.max_non_split_rounding != 20 * MIB {
-            parts.push(format!("max_non_split_rounding_mb:{}", self.max_non_split_rounding / MIB));
+            parts.push(format!(
+                "max_non_split_rounding_mb:{}",
+                self.max_non_split_rounding / MIB
+            ));
         }
         if self.roundup_power2_divisions.iter().any(|&d| d > 0) {
             parts.push(format!(
@@ -356,11 +359,18 @@ mod tests {
         assert_eq!(c.roundup_power2_divisions[7], 0);
         assert_eq!(c.roundup_power2_divisions[8], 4);
         assert_eq!(&c.roundup_power2_divisions[9..], &[1; 7]);
-        assert_eq!(AllocConf::parse("roundup_power2_divisions:4").unwrap().roundup_power2_divisions, [4; 16]);
+        assert_eq!(
+            AllocConf::parse("roundup_power2_divisions:4")
+                .unwrap()
+                .roundup_power2_divisions,
+            [4; 16]
+        );
         assert_eq!(AllocConf::parse("").unwrap(), AllocConf::default());
         assert_eq!(AllocConf::default().to_string(), "defaults");
         assert_eq!(
-            AllocConf::parse("max_split_size_mb:64,expandable_segments:True").unwrap().to_string(),
+            AllocConf::parse("max_split_size_mb:64,expandable_segments:True")
+                .unwrap()
+                .to_string(),
             "expandable_segments:True,max_split_size_mb:64"
         );
     }
@@ -372,7 +382,10 @@ mod tests {
         let e = AllocConf::parse("max_split_size_mb:10").unwrap_err();
         assert!(e.to_string().contains("max_split_size_mb"), "{e}");
         let e = AllocConf::parse("garbage_collection_threshold:1.5").unwrap_err();
-        assert!(e.to_string().contains("garbage_collection_threshold"), "{e}");
+        assert!(
+            e.to_string().contains("garbage_collection_threshold"),
+            "{e}"
+        );
         let e = AllocConf::parse("roundup_power2_divisions:3").unwrap_err();
         assert!(e.to_string().contains("roundup_power2_divisions"), "{e}");
         assert!(AllocConf::parse("expandable_segments").is_err());
@@ -381,7 +394,10 @@ mod tests {
 
     #[test]
     fn sizes() {
-        assert_eq!(parse_size("9.04GiB"), Some((9.04 * (1u64 << 30) as f64).round() as u64));
+        assert_eq!(
+            parse_size("9.04GiB"),
+            Some((9.04 * (1u64 << 30) as f64).round() as u64)
+        );
         assert_eq!(parse_size("512MiB"), Some(512 << 20));
         assert_eq!(parse_size("2G"), Some(2 << 30));
         assert_eq!(parse_size("1000"), Some(1000));

@@ -195,7 +195,9 @@ fn run_ops(m: &mut Model, program: &Program, out: &mut Outcome) {
         }
         m.event = event;
         let result = match op {
-            Op::Alloc { req, size, stream } => m.malloc(req, size, stream).err().map(|f| (f, false)),
+            Op::Alloc { req, size, stream } => {
+                m.malloc(req, size, stream).err().map(|f| (f, false))
+            }
             Op::Fail { size, stream } => m.malloc(u32::MAX, size, stream).err().map(|f| (f, true)),
             Op::Free { req, now } => {
                 m.free(req, now);

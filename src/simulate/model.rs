@@ -76,10 +76,7 @@ impl Addresses {
         let (next, from_queue) = match self {
             Addresses::Invent { next, .. } => (next, None),
             Addresses::Recorded { queue, next, .. } => {
-                let hit = queue
-                    .front()
-                    .filter(|&&(s, _)| s == size)
-                    .map(|&(_, a)| a);
+                let hit = queue.front().filter(|&&(s, _)| s == size).map(|&(_, a)| a);
                 if hit.is_some() {
                     queue.pop_front();
                 }
@@ -208,7 +205,8 @@ impl Model {
             while k < expandable.len() && expandable[k].0 == pool && expandable[k].1 == stream {
                 let seg = expandable[k].2;
                 if seg.address > cursor {
-                    last = self.push_unmapped(pool, stream, base, cursor, seg.address - cursor, last);
+                    last =
+                        self.push_unmapped(pool, stream, base, cursor, seg.address - cursor, last);
                 }
                 self.reserved += seg.size;
                 last = self.place_run(seg, pool, stream, true, base, last, first_req);
@@ -599,11 +597,7 @@ impl Model {
             self.conf.max_split_size.is_none_or(|m| size < m) && remaining > SMALL_SIZE
         };
         if split {
-            let head = self.push(Block {
-                size,
-                next: i,
-                ..b
-            });
+            let head = self.push(Block { size, next: i, ..b });
             if b.prev != NIL {
                 self.bm(b.prev).next = head;
             }
@@ -844,7 +838,13 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn model(conf: &str, cap: Option<u64>) -> Model {
-        Model::new(&AllocConf::parse(conf).unwrap(), cap, 1 << 40, 1 << 47, None)
+        Model::new(
+            &AllocConf::parse(conf).unwrap(),
+            cap,
+            1 << 40,
+            1 << 47,
+            None,
+        )
     }
 
     #[test]

@@ -186,9 +186,7 @@ impl Program {
             before,
             recorded_segments,
             start_streams,
-            private_pools: snap
-                .segments_of(replay.device)
-                .any(|s| s.pool_id != (0, 0)),
+            private_pools: snap.segments_of(replay.device).any(|s| s.pool_id != (0, 0)),
             refusals,
         }
     }
@@ -222,8 +220,7 @@ fn is_empty_cache(snap: &Snapshot, events: &[TraceEvent], i: usize, end: usize) 
         any = true;
         for f in snap.stacks.frames(e.stack) {
             framed = true;
-            if snap.str(f.name).contains("empty_cache") || snap.str(f.name).contains("emptyCache")
-            {
+            if snap.str(f.name).contains("empty_cache") || snap.str(f.name).contains("emptyCache") {
                 return true;
             }
         }

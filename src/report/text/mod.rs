@@ -83,7 +83,7 @@ pub fn write(out: &mut dyn Write, report: &FileReport, options: &TextOptions) ->
         writeln!(out, "{}: no devices with events or segments", report.file)?;
     }
     for d in &report.devices {
-        write_device(out, &report.file, d, options)?;
+        write_device(out, report, d, options)?;
     }
     Ok(())
 }
@@ -139,12 +139,16 @@ fn status_line(d: &DeviceReport) -> Vec<String> {
 
 fn write_device(
     out: &mut dyn Write,
-    file: &str,
+    report: &FileReport,
     d: &DeviceReport,
     options: &TextOptions,
 ) -> io::Result<()> {
-    writeln!(out, "{file} · device {}", d.device)?;
-    for line in wrap_parts(&status_line(d), 116) {
+    writeln!(out, "{} · device {}", report.file, d.device)?;
+    let mut status = status_line(d);
+    if let Some(conf) = &report.allocator_settings {
+        status.push(format!("allocator: {conf}"));
+    }
+    for line in wrap_parts(&status, 116) {
         writeln!(out, "  {line}")?;
     }
     writeln!(out)?;
@@ -186,25 +190,9 @@ fn write_device(
         units::bytes(d.fragmentation_at_end_bytes),
         units::bytes(d.largest_free_block_bytes)
     )?;
-    for oom in &d.ooms {
-        writeln!(
-            out,
-            "  OUT OF MEMORY at event {}: {} requested with {} allocated, {} reserved",
-            units::count(oom.event as u64),
-            units::bytes(oom.requested),
-            units::bytes(oom.allocated),
-            units::bytes(oom.reserved),
-        )?;
-        let cause = if oom.device_free >= oom.requested {
-            "so a per-process limit refused it (torch.cuda.set_per_process_memory_fraction?)"
-        } else {
-            "so the device itself was full"
-        };
-        writeln!(
-            out,
-            "    the device had {} free, {cause}",
-            units::bytes(oom.device_free)
-        )?;
+    if let Some(e) = &d.oom_explanation {
+        whatif::write_explanation(out, e, options)?;
+        writeln!(out)?;
     }
     write_attribution(out, d, options)?;
     if !d.replay_consistent {

@@ -96,7 +96,11 @@ fn scenario_row(s: &Scenario, with_min_cap: bool) -> Vec<String> {
         outcome_text(o.oom.as_ref()),
     ];
     if with_min_cap {
-        row.insert(5, s.min_cap_bytes.map_or("never fits".to_string(), units::bytes));
+        row.insert(
+            5,
+            s.min_cap_bytes
+                .map_or("never fits".to_string(), units::bytes),
+        );
     }
     row
 }
@@ -158,8 +162,10 @@ pub fn self_check_line(c: &SelfCheck) -> String {
         if c.recorded_oom_event != c.simulated_oom_event {
             parts.push(format!(
                 "failure at {} recorded, {} simulated",
-                c.recorded_oom_event.map_or("none".into(), |e| format!("event {e}")),
-                c.simulated_oom_event.map_or("none".into(), |e| format!("event {e}")),
+                c.recorded_oom_event
+                    .map_or("none".into(), |e| format!("event {e}")),
+                c.simulated_oom_event
+                    .map_or("none".into(), |e| format!("event {e}")),
             ));
         }
         format!(
@@ -201,7 +207,7 @@ pub fn write_explanation(
 ) -> io::Result<()> {
     writeln!(
         out,
-        "  OUT OF MEMORY at event {}: a request of {} needed a {} segment",
+        "  OUT OF MEMORY at event {}: {} requested, which needed a {} segment",
         units::count(e.event as u64),
         units::bytes(e.requested_bytes),
         units::bytes(e.alloc_size_bytes)
@@ -219,7 +225,10 @@ pub fn write_explanation(
     )?;
     let mut facts = vec![
         format!("device free {}", units::bytes(e.device_free_bytes)),
-        format!("largest free cached block {}", units::bytes(e.largest_free_block_bytes)),
+        format!(
+            "largest free cached block {}",
+            units::bytes(e.largest_free_block_bytes)
+        ),
     ];
     if let Some(c) = e.cap_bytes {
         facts.push(if e.cap_inferred {
@@ -288,7 +297,8 @@ pub fn write_explanation(
                 "with the recorded settings, the recorded work fits under a cap of {}",
                 units::bytes(c)
             ),
-            None => "with the recorded settings, the recorded work does not fit under any cap".to_string(),
+            None => "with the recorded settings, the recorded work does not fit under any cap"
+                .to_string(),
         }
     )
 }
