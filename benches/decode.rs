@@ -6,7 +6,10 @@
 //! - `pickle.load(f)` alone inside Python (interpreter start-up not counted).
 //!
 //! It prints the medians, their ratio, and peak memory (maximum resident set size) of both
-//! against the pickle's size. Pass another snapshot path as the first argument to use it.
+//! against the pickle's size. Then it times the allocator simulation (`memsnap whatif`) on
+//! the same trace and on the trace played twice in a row (650k events), under the recorded
+//! settings and with expandable segments. Pass another snapshot path as the first argument
+//! to use it.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -125,5 +128,62 @@ fn main() {
             mb(rss),
             rss as f64 / raw.len() as f64
         );
+    }
+    simulation(&plain);
+}
+
+/// Times one simulation of the trace, and of the trace played twice in a row.
+fn simulation(plain: &Path) {
+    use memsnap::simulate::{self, AllocConf, Op, Options, Program};
+    let snap = memsnap::snapshot::Snapshot::open(plain).expect("snapshot");
+    let Some(device) = snap.devices_with_events().next() else {
+        return;
+    };
+    let replay = memsnap::replay::replay(&snap, device, Default::default());
+    let recorded = AllocConf::recorded(&snap);
+    let once = Program::new(&snap, &replay);
+    // the same requests again after the first pass, with their own ids
+    let mut twice = once.clone();
+    let n = once.events;
+    let shift = (n + replay.preexisting.len()) as u32;
+    for &(event, op) in &once.ops {
+        let op = match op {
+            Op::Alloc { req, size, stream } => Op::Alloc {
+                req: req + shift,
+                size,
+                stream,
+            },
+            Op::Free { req, now } => Op::Free {
+                req: req + shift,
+                now,
+            },
+            Op::Complete { req } => Op::Complete { req: req + shift },
+            other => other,
+        };
+        twice.ops.push((event + n, op));
+    }
+    twice.events = 2 * n;
+    for (name, program) in [("trace", &once), ("trace twice", &twice)] {
+        for conf in [
+            recorded.clone(),
+            AllocConf::parse("expandable_segments:True").unwrap(),
+        ] {
+            let options = Options {
+                conf: conf.clone(),
+                ..Options::default()
+            };
+            let mut times = Vec::new();
+            for _ in 0..RUNS {
+                let t = Instant::now();
+                let out = simulate::simulate(&snap, &replay, program, &recorded, &options);
+                times.push(t.elapsed());
+                assert!(out.peak_reserved_bytes > 0);
+            }
+            println!(
+                "simulation of the {name} ({} events) under {conf}: {:>7.1} ms",
+                program.events,
+                median(times).as_secs_f64() * 1e3
+            );
+        }
     }
 }

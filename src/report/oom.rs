@@ -218,16 +218,20 @@ pub fn explain(a: &DeviceAnalysis, options: &OomOptions) -> Option<OomExplanatio
 /// The settings worth trying against a failure: expandable segments on (or off), and a few
 /// `max_split_size_mb` values, each on top of the recorded settings.
 fn alternatives(recorded: &AllocConf) -> Vec<AllocConf> {
+    let base = AllocConf {
+        text: String::new(),
+        ..recorded.clone()
+    };
     let mut out = vec![AllocConf {
         expandable_segments: !recorded.expandable_segments,
-        ..recorded.clone()
+        ..base.clone()
     }];
     for mb in [64u64, 256, 1024] {
         let size = mb << 20;
         if recorded.max_split_size != Some(size) {
             out.push(AllocConf {
                 max_split_size: Some(size),
-                ..recorded.clone()
+                ..base.clone()
             });
         }
     }

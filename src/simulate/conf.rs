@@ -30,7 +30,7 @@ pub struct AllocConf {
     pub garbage_collection_threshold: f64,
     /// `per_process_memory_fraction`, when the string sets one.
     pub memory_fraction: Option<f64>,
-    /// The text it came from (`""` for the defaults).
+    /// The text it came from (`""` for the defaults, or when changed since).
     pub text: String,
 }
 
@@ -198,8 +198,12 @@ impl AllocConf {
 }
 
 impl fmt::Display for AllocConf {
-    /// The settings as a `PYTORCH_CUDA_ALLOC_CONF` string (`defaults` when none is set).
+    /// The settings as a `PYTORCH_CUDA_ALLOC_CONF` string: the text they were parsed from,
+    /// or one written from them (`defaults` when none is set).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.text.is_empty() {
+            return write!(f, "{}", self.text);
+        }
         let mut parts = Vec::new();
         if self.expandable_segments {
             parts.push("expandable_segments:True".to_string());

@@ -63,12 +63,7 @@ fn write_device(out: &mut dyn Write, file: &str, d: &DeviceWhatIf) -> io::Result
         units::bytes(rec.peak_reserved_bytes),
         units::bytes(rec.fragmentation_at_peak_bytes),
         match &rec.oom {
-            Some(o) => format!(
-                "OOM at event {}: {} with {} allocated",
-                units::count(o.event as u64),
-                units::bytes(o.requested_bytes),
-                units::bytes(o.allocated_bytes)
-            ),
+            Some(o) => format!("OOM at event {}", units::count(o.event as u64)),
             None => "fits".to_string(),
         },
     ];
@@ -81,7 +76,37 @@ fn write_device(out: &mut dyn Write, file: &str, d: &DeviceWhatIf) -> io::Result
     }
     writeln!(out)?;
     writeln!(out, "{}", indented(&t, "  "))?;
+    if let Some(o) = &rec.oom {
+        writeln!(
+            out,
+            "  recorded: {} failed with {} allocated, {} reserved",
+            units::bytes(o.requested_bytes),
+            units::bytes(o.allocated_bytes),
+            units::bytes(o.reserved_bytes)
+        )?;
+    }
+    for s in &d.simulated {
+        if let Some(o) = &s.outcome.oom {
+            writeln!(out, "  {}: {}", s.outcome.alloc_conf, failure_text(o))?;
+        }
+    }
     writeln!(out)
+}
+
+/// A simulated failure in words.
+fn failure_text(o: &SimOom) -> String {
+    let what = if o.recorded_failure {
+        "the request that failed in the recorded run".to_string()
+    } else {
+        format!("a request of {}", units::bytes(o.requested_bytes))
+    };
+    format!(
+        "{what} fails at event {} with {} allocated, {} reserved (largest free block {})",
+        units::count(o.event as u64),
+        units::bytes(o.allocated_bytes),
+        units::bytes(o.reserved_bytes),
+        units::bytes(o.largest_free_block_bytes)
+    )
 }
 
 /// One simulated setting as a table row.
@@ -108,18 +133,8 @@ fn scenario_row(s: &Scenario, with_min_cap: bool) -> Vec<String> {
 fn outcome_text(oom: Option<&SimOom>) -> String {
     match oom {
         None => "fits".to_string(),
-        Some(o) if o.recorded_failure => format!(
-            "OOM at the recorded failure, {} allocated, {} reserved",
-            units::bytes(o.allocated_bytes),
-            units::bytes(o.reserved_bytes)
-        ),
-        Some(o) => format!(
-            "OOM at event {}: {} with {} allocated, {} reserved",
-            units::count(o.event as u64),
-            units::bytes(o.requested_bytes),
-            units::bytes(o.allocated_bytes),
-            units::bytes(o.reserved_bytes)
-        ),
+        Some(o) if o.recorded_failure => "OOM as recorded".to_string(),
+        Some(o) => format!("OOM at event {}", units::count(o.event as u64)),
     }
 }
 
@@ -283,6 +298,11 @@ pub fn write_explanation(
     }
     writeln!(out)?;
     writeln!(out, "{}", indented(&t, "  "))?;
+    for s in &e.whatif {
+        if let Some(o) = &s.outcome.oom {
+            writeln!(out, "  {}: {}", s.outcome.alloc_conf, failure_text(o))?;
+        }
+    }
     if e.cap_inferred {
         writeln!(
             out,
