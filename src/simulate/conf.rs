@@ -371,10 +371,17 @@ mod tests {
         );
         assert_eq!(AllocConf::parse("").unwrap(), AllocConf::default());
         assert_eq!(AllocConf::default().to_string(), "defaults");
+        let c = AllocConf::parse("max_split_size_mb:64,expandable_segments:True").unwrap();
         assert_eq!(
-            AllocConf::parse("max_split_size_mb:64,expandable_segments:True")
-                .unwrap()
-                .to_string(),
+            c.to_string(),
+            "max_split_size_mb:64,expandable_segments:True"
+        );
+        let written = AllocConf {
+            text: String::new(),
+            ..c
+        };
+        assert_eq!(
+            written.to_string(),
             "expandable_segments:True,max_split_size_mb:64"
         );
     }
