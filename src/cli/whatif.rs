@@ -1,11 +1,11 @@
 //! `memsnap whatif FILE` and `memsnap oom FILE`: the allocator simulated under other settings.
 
 use std::io::{self, BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use memsnap::analysis::{self, DeviceAnalysis};
 use memsnap::report::oom::{self, DeviceOom, OomOptions, OomReport};
-use memsnap::report::whatif::{DeviceWhatIf, WhatIfOptions, WhatIfReport};
+use memsnap::report::whatif::{self, DeviceWhatIf, WhatIfOptions, WhatIfReport};
 use memsnap::report::{json, text};
 use memsnap::simulate::{parse_size, AllocConf};
 
@@ -131,7 +131,7 @@ pub struct OomArgs {
 /// The devices of a file to simulate: those with events, or the one asked for.
 fn devices<'s>(
     snap: &'s memsnap::snapshot::Snapshot,
-    path: &std::path::Path,
+    path: &Path,
     device: Option<u32>,
     options: &analysis::Options,
 ) -> Result<Vec<DeviceAnalysis<'s>>, memsnap::Error> {
@@ -151,6 +151,26 @@ fn devices<'s>(
         .collect())
 }
 
+/// Builds one result per file and writes it, as JSON or text; a file that cannot be read
+/// gets its one error line and the others go on.
+fn each_file<R>(
+    files: &[PathBuf],
+    build: impl Fn(&Path, &memsnap::snapshot::Snapshot) -> Result<R, memsnap::Error>,
+    write: impl Fn(&mut dyn Write, &R) -> io::Result<()>,
+) -> Result<(), Failure> {
+    let stdout = io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    let mut tally = Tally::default();
+    for path in files {
+        match load(path).and_then(|snap| build(path, &snap)) {
+            Ok(r) => write(&mut out, &r)?,
+            Err(e) => tally.complain(&e),
+        }
+        out.flush()?;
+    }
+    tally.finish()
+}
+
 pub fn run_whatif(args: WhatIfArgs) -> Result<(), Failure> {
     let limits = args.limits.limits()?;
     let mut confs = Vec::new();
@@ -160,53 +180,41 @@ pub fn run_whatif(args: WhatIfArgs) -> Result<(), Failure> {
     for t in &args.tries {
         confs.push(parse_conf("--try", t)?);
     }
-    if !confs.is_empty() && args.alloc_conf.is_none() {
-        // the recorded settings first, then each one tried
-        confs.insert(0, AllocConf::default());
-    }
     let options = args.input.analysis()?;
-    let stdout = io::stdout();
-    let mut out = BufWriter::new(stdout.lock());
-    let mut tally = Tally::default();
-    for path in &args.files {
-        let result = load(path).and_then(|snap| {
-            let analyses = devices(&snap, path, args.limits.device, &options)?;
-            let devices = analyses
-                .iter()
-                .map(|a| {
-                    let mut confs = confs.clone();
-                    if args.alloc_conf.is_none() && !confs.is_empty() {
-                        confs[0] = memsnap::report::whatif::recorded_conf(
-                            a,
-                            limits.recorded_conf.as_ref(),
-                        )
-                        .0;
-                    }
-                    DeviceWhatIf::new(
-                        a,
-                        &WhatIfOptions {
-                            confs,
-                            cap: limits.cap,
-                            device_total: limits.device_total,
-                            recorded_conf: limits.recorded_conf.clone(),
-                            min_cap: args.min_cap,
-                        },
-                    )
-                })
-                .collect();
-            Ok(WhatIfReport {
-                file: path.display().to_string(),
-                devices,
+    let build = |path: &Path, snap: &memsnap::snapshot::Snapshot| {
+        let analyses = devices(snap, path, args.limits.device, &options)?;
+        let devices = analyses
+            .iter()
+            .map(|a| {
+                let mut confs = confs.clone();
+                if args.alloc_conf.is_none() && !confs.is_empty() {
+                    // the recorded settings first, then each one tried
+                    let recorded = whatif::recorded_conf(a, limits.recorded_conf.as_ref()).0;
+                    confs.insert(0, recorded);
+                }
+                let options = WhatIfOptions {
+                    confs,
+                    cap: limits.cap,
+                    device_total: limits.device_total,
+                    recorded_conf: limits.recorded_conf.clone(),
+                    min_cap: args.min_cap,
+                };
+                DeviceWhatIf::new(a, &options)
             })
-        });
-        match result {
-            Ok(r) if args.limits.json => json::write_whatif(&mut out, &r)?,
-            Ok(r) => text::whatif::write_whatif(&mut out, &r)?,
-            Err(e) => tally.complain(&e),
+            .collect();
+        Ok(WhatIfReport {
+            file: path.display().to_string(),
+            devices,
+        })
+    };
+    let json_out = args.limits.json;
+    each_file(&args.files, build, |out, r| {
+        if json_out {
+            json::write_whatif(out, r)
+        } else {
+            text::whatif::write_whatif(out, r)
         }
-        out.flush()?;
-    }
-    tally.finish()
+    })
 }
 
 pub fn run_oom(args: OomArgs) -> Result<(), Failure> {
@@ -216,34 +224,30 @@ pub fn run_oom(args: OomArgs) -> Result<(), Failure> {
         top: args.top,
         ..Default::default()
     };
-    let stdout = io::stdout();
-    let mut out = BufWriter::new(stdout.lock());
-    let mut tally = Tally::default();
-    for path in &args.files {
-        let result = load(path).and_then(|snap| {
-            let analyses = devices(&snap, path, args.limits.device, &options)?;
-            let oom_options = OomOptions {
-                cap: limits.cap,
-                device_total: limits.device_total,
-                recorded_conf: limits.recorded_conf.clone(),
-            };
-            Ok(OomReport {
-                file: path.display().to_string(),
-                devices: analyses
-                    .iter()
-                    .map(|a| DeviceOom {
-                        device: a.device(),
-                        oom: oom::explain(a, &oom_options),
-                    })
-                    .collect(),
-            })
-        });
-        match result {
-            Ok(r) if args.limits.json => json::write_oom(&mut out, &r)?,
-            Ok(r) => text::whatif::write_oom(&mut out, &r, &text_options)?,
-            Err(e) => tally.complain(&e),
+    let oom_options = OomOptions {
+        cap: limits.cap,
+        device_total: limits.device_total,
+        recorded_conf: limits.recorded_conf.clone(),
+    };
+    let build = |path: &Path, snap: &memsnap::snapshot::Snapshot| {
+        let analyses = devices(snap, path, args.limits.device, &options)?;
+        Ok(OomReport {
+            file: path.display().to_string(),
+            devices: analyses
+                .iter()
+                .map(|a| DeviceOom {
+                    device: a.device(),
+                    oom: oom::explain(a, &oom_options),
+                })
+                .collect(),
+        })
+    };
+    let json_out = args.limits.json;
+    each_file(&args.files, build, |out, r| {
+        if json_out {
+            json::write_oom(out, r)
+        } else {
+            text::whatif::write_oom(out, r, &text_options)
         }
-        out.flush()?;
-    }
-    tally.finish()
+    })
 }

@@ -4,7 +4,7 @@ use std::io::{self, Write};
 
 use super::{indented, shorten_left, table};
 use crate::analysis::PeakPlace;
-use crate::report::compare::{short_paths, Diff, Pair, Ranks};
+use crate::report::compare::{short_paths, Diff, Pair, RankRow, Ranks};
 use crate::units;
 
 fn place(p: &PeakPlace) -> String {
@@ -168,7 +168,13 @@ pub fn write_pair(out: &mut dyn Write, pair: &Pair, top: usize) -> io::Result<()
 
 /// Writes the table of ranks and why the highest is higher.
 pub fn write_ranks(out: &mut dyn Write, ranks: &Ranks, top: usize) -> io::Result<()> {
-    let mut t = table(&[
+    // Files named alike but for their rank are named once, as a pattern, above the table.
+    let pattern = common_pattern(ranks);
+    if let Some(p) = &pattern {
+        writeln!(out, "  files: {p}")?;
+        writeln!(out)?;
+    }
+    let mut header = vec![
         "rank",
         "device",
         "peak allocated",
@@ -176,8 +182,12 @@ pub fn write_ranks(out: &mut dyn Write, ranks: &Ranks, top: usize) -> io::Result
         "peak in",
         "largest at the peak",
         "file",
-    ]);
-    for c in [4, 5, 6] {
+    ];
+    if pattern.is_some() {
+        header.pop();
+    }
+    let mut t = table(&header);
+    for c in 4..header.len() {
         if let Some(col) = t.column_mut(c) {
             col.set_cell_alignment(comfy_table::CellAlignment::Left);
         }
@@ -185,55 +195,11 @@ pub fn write_ranks(out: &mut dyn Write, ranks: &Ranks, top: usize) -> io::Result
     let paths: Vec<&str> = ranks.rows.iter().map(|r| r.file.as_str()).collect();
     let files = short_paths(&paths);
     for (i, r) in ranks.rows.iter().enumerate() {
-        let mark = if Some(i) == ranks.highest && ranks.rows.len() > 1 {
-            " ◀ highest"
-        } else {
-            ""
-        };
-        let rank = if r.rank_from_name {
-            r.rank.to_string()
-        } else {
-            format!("#{}", r.rank)
-        };
-        let name = files[i].clone();
-        let device = r.device.map_or("-".to_string(), |d| d.to_string());
-        match &r.error {
-            Some(e) => {
-                t.add_row(vec![
-                    rank,
-                    device,
-                    "-".into(),
-                    "-".into(),
-                    format!("error: {e}"),
-                    String::new(),
-                    name,
-                ]);
-            }
-            None => {
-                t.add_row(vec![
-                    rank,
-                    device,
-                    format!(
-                        "{}{mark}",
-                        units::bytes(r.peak_allocated_bytes.unwrap_or(0))
-                    ),
-                    units::bytes(r.peak_reserved_bytes.unwrap_or(0)),
-                    r.peak.as_ref().map(place).unwrap_or_default(),
-                    r.top_category
-                        .as_ref()
-                        .map(|s| {
-                            format!(
-                                "{} {} ({})",
-                                s.label,
-                                units::bytes(s.bytes),
-                                units::percent(s.bytes, r.peak_allocated_bytes.unwrap_or(0))
-                            )
-                        })
-                        .unwrap_or_default(),
-                    name,
-                ]);
-            }
+        let mut cells = row_cells(ranks, r, i, &files[i]);
+        if pattern.is_some() {
+            cells.pop();
         }
+        t.add_row(cells);
     }
     writeln!(out, "{}", indented(&t, "  "))?;
     if let (Some(why), Some(hi), Some(lo)) = (&ranks.why, ranks.highest, ranks.lowest) {
@@ -245,6 +211,83 @@ pub fn write_ranks(out: &mut dyn Write, ranks: &Ranks, top: usize) -> io::Result
         }
     }
     Ok(())
+}
+
+/// `DIR/memory_snapshot_rank{rank}_step0.pickle.xz` when every row's file is that pattern with
+/// its own rank, all in one folder.
+fn common_pattern(ranks: &Ranks) -> Option<String> {
+    let mut pattern: Option<String> = None;
+    for r in &ranks.rows {
+        if !r.rank_from_name {
+            return None;
+        }
+        let (dir, base) = match r.file.rsplit_once('/') {
+            Some((d, b)) => (format!("{d}/"), b),
+            None => (String::new(), r.file.as_str()),
+        };
+        let lower = base.to_ascii_lowercase();
+        let at = lower.find("rank")?;
+        let digits = base[at + 4..]
+            .trim_start_matches(['_', '-', '='])
+            .chars()
+            .take_while(|c| c.is_ascii_digit())
+            .count();
+        let start = base.len() - base[at + 4..].trim_start_matches(['_', '-', '=']).len();
+        let p = format!("{dir}{}{{rank}}{}", &base[..start], &base[start + digits..]);
+        match &pattern {
+            Some(q) if *q != p => return None,
+            _ => pattern = Some(p),
+        }
+    }
+    pattern
+}
+
+/// One row of the rank table.
+fn row_cells(ranks: &Ranks, r: &RankRow, i: usize, file: &str) -> Vec<String> {
+    let mark = if Some(i) == ranks.highest && ranks.rows.len() > 1 {
+        " ◀ highest"
+    } else {
+        ""
+    };
+    let rank = if r.rank_from_name {
+        r.rank.to_string()
+    } else {
+        format!("#{}", r.rank)
+    };
+    let device = r.device.map_or("-".to_string(), |d| d.to_string());
+    match &r.error {
+        Some(e) => vec![
+            rank,
+            device,
+            "-".into(),
+            "-".into(),
+            format!("error: {e}"),
+            String::new(),
+            file.to_string(),
+        ],
+        None => vec![
+            rank,
+            device,
+            format!(
+                "{}{mark}",
+                units::bytes(r.peak_allocated_bytes.unwrap_or(0))
+            ),
+            units::bytes(r.peak_reserved_bytes.unwrap_or(0)),
+            r.peak.as_ref().map(place).unwrap_or_default(),
+            r.top_category
+                .as_ref()
+                .map(|s| {
+                    format!(
+                        "{} {} ({})",
+                        s.label,
+                        units::bytes(s.bytes),
+                        units::percent(s.bytes, r.peak_allocated_bytes.unwrap_or(0))
+                    )
+                })
+                .unwrap_or_default(),
+            file.to_string(),
+        ],
+    }
 }
 
 /// Why the highest rank peaks above the lowest, with the two in table order.
