@@ -335,7 +335,9 @@ pub fn step_table(snap: &Snapshot, replay: &Replay, a: &Attribution) -> Vec<Step
             }
         }
         let label = a.step_text(&l, multi);
+        let chunks_known = a.pipeline.as_ref().is_some_and(|p| p.chunks_known);
         let iterations = match (shape, l.pipe_step) {
+            (Some(_), 4) if !chunks_known => None,
             (Some(s), 1..=8) => Some(s.iterations()[l.pipe_step as usize - 1]),
             _ => None,
         };

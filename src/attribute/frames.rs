@@ -77,15 +77,74 @@ pub fn is_python(f: &Frame) -> bool {
     f.line > 0
 }
 
-/// A Python frame of PyTorch itself, the standard library or the interpreter's runner.
+/// A Python frame of *plumbing* rather than of the program: the `torch` package (module call
+/// machinery, autograd, checkpointing, dynamo, Inductor, distributed wrappers), code Inductor
+/// generated in its cache folder, Triton's launchers, the Python standard library, and frames
+/// of no file (`<frozen runpy>`, `<string>`). Everything else is program code, in the user's
+/// folder or in `site-packages` alike: for most users a model library such as transformers
+/// *is* the program.
 pub fn is_library(snap: &Snapshot, f: &Frame) -> bool {
-    let file = snap.str(f.filename);
-    file.contains("/torch/")
-        || file.contains("site-packages/")
-        || file.contains("dist-packages/")
-        || file.starts_with('<')
-        || file.contains("/lib/python3")
+    is_plumbing_file(snap.str(f.filename))
 }
+
+/// [`is_library`] on a file path.
+pub fn is_plumbing_file(file: &str) -> bool {
+    if file.starts_with('<') || file.is_empty() {
+        return true;
+    }
+    if file.contains("torchinductor_") || file.contains("/torchinductor/") {
+        return true;
+    }
+    // an installed package: plumbing when it is torch itself or Triton
+    for packages in ["/site-packages/", "/dist-packages/"] {
+        if let Some(at) = file.rfind(packages) {
+            let package = file[at + packages.len()..].split('/').next().unwrap_or("");
+            return matches!(package, "torch" | "triton" | "functorch");
+        }
+    }
+    // a source checkout of torch: `.../torch/` followed by one of its own modules
+    if let Some(at) = file
+        .rfind("/torch/")
+        .map(|a| a + 7)
+        .or(file.starts_with("torch/").then_some(6))
+    {
+        let module = file[at..].split('/').next().unwrap_or("");
+        if module.starts_with('_') || TORCH_MODULES.contains(&module) {
+            return true;
+        }
+    }
+    // the standard library: .../lib/python3.X/...
+    file.contains("/lib/python3")
+}
+
+/// Modules and packages of `torch` that tell a source checkout of it from a user's folder
+/// named `torch`.
+const TORCH_MODULES: [&str; 24] = [
+    "nn",
+    "autograd",
+    "utils",
+    "optim",
+    "distributed",
+    "cuda",
+    "fx",
+    "amp",
+    "jit",
+    "export",
+    "profiler",
+    "testing",
+    "ao",
+    "backends",
+    "multiprocessing",
+    "func",
+    "sparse",
+    "nested",
+    "onnx",
+    "functional.py",
+    "overrides.py",
+    "serialization.py",
+    "library.py",
+    "storage.py",
+];
 
 /// The program's own Python frames of a stack, innermost first.
 pub fn user_frames<'a>(snap: &'a Snapshot, stack: StackId) -> impl Iterator<Item = Frame> + 'a {
@@ -154,7 +213,7 @@ pub fn site(snap: &Snapshot, stack: StackId, depth: usize) -> String {
         let mut out = Vec::with_capacity(frames.len());
         let mut file = None;
         for f in frames.iter().rev() {
-            let base = snap.str(f.filename).rsplit('/').next().unwrap_or("");
+            let base = snap.short_file(f.filename);
             if file != Some(f.filename) {
                 out.push(format!("{base}:{}:{}", snap.str(f.name), f.line));
                 file = Some(f.filename);
@@ -178,5 +237,34 @@ pub fn site(snap: &Snapshot, stack: StackId, depth: usize) -> String {
         "<no frames>".to_string()
     } else {
         "<C++ only>".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plumbing_is_torch_the_standard_library_and_generated_code() {
+        for file in [
+            "/opt/torch/.venv/lib/python3.12/site-packages/torch/nn/modules/module.py",
+            "/usr/lib/python3.12/runpy.py",
+            "<frozen runpy>",
+            "/tmp/torchinductor_user/xy/cxyzabc.py",
+            "/venv/lib/python3.11/site-packages/triton/runtime/jit.py",
+            "/home/dev/pytorch/torch/nn/modules/module.py",
+        ] {
+            assert!(is_plumbing_file(file), "{file}");
+        }
+        for file in [
+            "/venv/lib/python3.12/site-packages/transformers/models/llama/modeling_llama.py",
+            "/home/user/train.py",
+            "/usr/local/lib/python3.10/dist-packages/timm/models/vit.py",
+            "/home/user/pithtrain/pithtrain/pipeline/dualpipev.py",
+            "/opt/torch/.venv/lib/python3.12/site-packages/transformers/modeling_layers.py",
+            "/opt/torch/project/train.py",
+        ] {
+            assert!(!is_plumbing_file(file), "{file}");
+        }
     }
 }

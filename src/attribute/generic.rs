@@ -14,26 +14,37 @@
 use super::frames;
 use super::{Label, Names, Phase, STEP_NONE};
 use crate::replay::Replay;
-use crate::snapshot::{Snapshot, StackId, Stage};
+use crate::snapshot::{Action, Snapshot, StackId, Stage};
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Facts {
+    /// The phase the stack itself shows, when it shows one.
     phase: Option<Phase>,
     in_backward_call: bool,
     main_thread: bool,
+    /// Python frames without the main script at the bottom: another thread.
+    other_thread: bool,
+    /// Module calls on the stack.
+    module: bool,
+    /// Activation recomputation (`torch.utils.checkpoint`) on another thread.
+    recompute: bool,
+    /// `zero_grad()`.
+    zero_grad: bool,
     stage: super::NameId,
 }
 
 fn facts(snap: &Snapshot, stack: StackId, names: &mut Names) -> Facts {
     let mut optim = false;
-    let mut engine =
+    let engine =
         frames::in_autograd_engine(snap, stack) || frames::autograd_node(snap, stack).is_some();
     let mut backward_call = false;
     let mut module = false;
     let mut fsdp: Option<&'static str> = None;
     let mut checkpoint = false;
     let mut main = false;
+    let mut python = false;
     let mut collective = false;
+    let mut zero_grad = false;
     for f in snap.stacks.frames(stack) {
         let file = snap.str(f.filename);
         let name = snap.str(f.name);
@@ -44,8 +55,12 @@ fn facts(snap: &Snapshot, stack: StackId, names: &mut Names) -> Facts {
             }
             continue;
         }
+        python = true;
         if name == "<module>" {
             main = true;
+        }
+        if name == "zero_grad" {
+            zero_grad = true;
         }
         if file.contains("torch/optim/") {
             optim = true;
@@ -79,17 +94,17 @@ fn facts(snap: &Snapshot, stack: StackId, names: &mut Names) -> Facts {
             collective = true;
         }
     }
-    if !main
-        && !snap.stacks.stack(stack).is_empty()
-        && frames::user_frames(snap, stack).next().is_some()
-    {
-        // Python frames without a module at the bottom: another thread (autograd).
-        engine = true;
-    }
-    let phase = if optim {
+    // Python frames without the main script at the bottom run on another thread: the autograd
+    // engine's, when the main thread is inside backward() (decided while labelling).
+    let other_thread = python && !main;
+    let phase = if zero_grad {
+        Some(Phase::Other)
+    } else if optim {
         Some(Phase::Optimizer)
     } else if engine || backward_call {
         Some(Phase::Backward)
+    } else if other_thread {
+        None
     } else if module {
         Some(Phase::Forward)
     } else if collective {
@@ -97,14 +112,13 @@ fn facts(snap: &Snapshot, stack: StackId, names: &mut Names) -> Facts {
     } else {
         None
     };
+    let recompute = checkpoint && (engine || other_thread);
     let stage = if let Some(f) = fsdp {
         f.to_string()
-    } else if checkpoint && engine {
+    } else if recompute {
         "activation checkpointing: recompute".to_string()
     } else if let Some(f) = frames::user_frames(snap, stack).next() {
-        let file = snap.str(f.filename);
-        let short = file.rsplit('/').next().unwrap_or(file);
-        format!("{short}:{}", snap.str(f.name))
+        format!("{}:{}", snap.short_file(f.filename), snap.str(f.name))
     } else if let Some(node) = frames::autograd_node(snap, stack) {
         format!("autograd {node}")
     } else {
@@ -114,8 +128,29 @@ fn facts(snap: &Snapshot, stack: StackId, names: &mut Names) -> Facts {
         phase,
         in_backward_call: backward_call,
         main_thread: main,
+        other_thread,
+        module,
+        recompute,
+        zero_grad,
         stage: names.intern(&stage),
     }
+}
+
+/// Where the events' phases came from, counted over a device's events.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PhaseSources {
+    /// `user_metadata` set with `torch.cuda.memory._set_memory_metadata`.
+    pub metadata: u64,
+    /// A `record_function` range named like a phase.
+    pub annotation: u64,
+    /// PyTorch's frames on the stack (optimizer, autograd, module calls, ...).
+    pub frames: u64,
+    /// The autograd thread, while the main thread was inside `backward()`.
+    pub autograd_thread: u64,
+    /// Frees without evidence of their own, which continue the phase they happen in.
+    pub continued: u64,
+    /// No evidence: `other`.
+    pub none: u64,
 }
 
 /// `record_function` ranges of a device as `(start µs, end µs, name, depth)`.
@@ -148,7 +183,10 @@ fn annotation_ranges(snap: &Snapshot, device: u32) -> Vec<(i64, i64, crate::snap
 
 fn phase_of_annotation(name: &str) -> Option<Phase> {
     let n = name.to_ascii_lowercase();
-    if n.contains("optimizer") || n.contains("optim.") {
+    if n.contains("zero_grad") {
+        // `Optimizer.zero_grad#AdamW.zero_grad`: gradients dropped, not an optimizer step
+        Some(Phase::Other)
+    } else if n.contains("optimizer") || n.contains("optim.") {
         Some(Phase::Optimizer)
     } else if n.contains("backward") {
         Some(Phase::Backward)
@@ -175,7 +213,7 @@ pub(crate) fn label(
     names: &mut Names,
     labels: &mut [Label],
     all: bool,
-) {
+) -> PhaseSources {
     let events = snap.trace(replay.device);
     let ranges = annotation_ranges(snap, replay.device);
     let mut cache = frames::PerStack::new(snap);
@@ -187,6 +225,9 @@ pub(crate) fn label(
     let mut train_step: u16 = 0;
     let mut first_step_number: Option<u32> = None;
     let mut saw_optimizer = false;
+    let mut sources = PhaseSources::default();
+    let zero_grad_op = names.intern("zero_grad");
+    let recompute_op = names.intern("recompute");
     let ops = [
         names.intern("forward"),
         names.intern("backward"),
@@ -210,18 +251,42 @@ pub(crate) fn label(
             continue;
         }
         let f: Facts = cache.get(e.stack, || facts(snap, e.stack, names));
+        let meta = snap.str(e.user_metadata);
+        let from_meta = (!meta.is_empty())
+            .then(|| phase_of_annotation(meta))
+            .flatten();
         let annotated = active
             .iter()
             .rev()
             .find_map(|r| phase_of_annotation(snap.str(r.2)));
-        let mut phase = annotated.or(f.phase);
-        if phase.is_none() && snap.stacks.stack(e.stack).is_empty() && last_main_backward {
-            phase = Some(Phase::Backward);
-        }
+        let is_free = matches!(e.action, Action::FreeRequested | Action::FreeCompleted);
+        let zero_grad = f.zero_grad
+            || active
+                .iter()
+                .any(|r| snap.str(r.2).to_ascii_lowercase().contains("zero_grad"));
+        let no_frames = snap.stacks.stack(e.stack).is_empty();
+        let (phase, source) = if zero_grad {
+            // the most specific evidence: gradients dropped, whatever range it runs in
+            (Phase::Other, &mut sources.frames)
+        } else if let Some(p) = from_meta {
+            (p, &mut sources.metadata)
+        } else if let Some(p) = annotated {
+            (p, &mut sources.annotation)
+        } else if let Some(p) = f.phase {
+            (p, &mut sources.frames)
+        } else if (no_frames || f.other_thread) && last_main_backward {
+            (Phase::Backward, &mut sources.autograd_thread)
+        } else if f.other_thread && f.module {
+            (Phase::Forward, &mut sources.frames)
+        } else if let (true, Some(p)) = (is_free, last_phase) {
+            (p, &mut sources.continued)
+        } else {
+            (Phase::Other, &mut sources.none)
+        };
+        *source += 1;
         if f.main_thread {
             last_main_backward = f.in_backward_call;
         }
-        let phase = phase.unwrap_or(Phase::Other);
         // training steps
         match step_from_annotation {
             Some(n) => {
@@ -229,7 +294,12 @@ pub(crate) fn label(
                 train_step = n.saturating_sub(first) as u16;
             }
             None => {
-                if saw_optimizer && phase != Phase::Optimizer && f.main_thread {
+                if saw_optimizer
+                    && phase != Phase::Optimizer
+                    && !zero_grad
+                    && f.main_thread
+                    && !is_free
+                {
                     train_step += 1;
                     saw_optimizer = false;
                 }
@@ -244,13 +314,19 @@ pub(crate) fn label(
         }
         let l = &mut labels[i];
         l.phase = phase;
-        l.op = ops[match phase {
-            Phase::Forward => 0,
-            Phase::Backward => 1,
-            Phase::Optimizer => 2,
-            Phase::Communication => 3,
-            Phase::Other => 4,
-        }];
+        l.op = if zero_grad && phase == Phase::Other {
+            zero_grad_op
+        } else if f.recompute && phase == Phase::Backward {
+            recompute_op
+        } else {
+            ops[match phase {
+                Phase::Forward => 0,
+                Phase::Backward => 1,
+                Phase::Optimizer => 2,
+                Phase::Communication => 3,
+                Phase::Other => 4,
+            }]
+        };
         if all {
             l.train_step = train_step;
         }
@@ -266,6 +342,7 @@ pub(crate) fn label(
             }
         }
     }
+    sources
 }
 
 #[cfg(test)]
@@ -281,6 +358,10 @@ mod tests {
         );
         assert_eq!(phase_of_annotation("loss.backward"), Some(Phase::Backward));
         assert_eq!(phase_of_annotation("nccl:coalesced"), None);
+        assert_eq!(
+            phase_of_annotation("Optimizer.zero_grad#AdamW.zero_grad"),
+            Some(Phase::Other)
+        );
         assert_eq!(step_number("ProfilerStep#12"), Some(12));
         assert_eq!(step_number("step_3"), Some(3));
         assert_eq!(step_number("stepper"), None);

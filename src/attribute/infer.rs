@@ -160,9 +160,26 @@ fn cost(step: u8, gs: &[Group], count: Option<u32>, at_an_end: bool) -> u32 {
         let prefix_kinds: Vec<CallKind> = prefix.iter().flat_map(|g| g.kinds.clone()).collect();
         let prefix_ok = prefix.iter().all(|g| g.iterations.is_none())
             && is_subsequence(&prefix_kinds, body(step));
+        // The statements the schedule itself runs once before or at the start of the loop
+        // cost nothing: step 2's first receive, step 4's first-iteration branch (the last
+        // rank's separate forward and backward).
+        let documented = match step {
+            2 => prefix_kinds.iter().all(|&k| k == CallKind::Recv),
+            4 => prefix_kinds
+                .iter()
+                .all(|&k| matches!(k, CallKind::Forward | CallKind::Backward | CallKind::Send)),
+            _ => false,
+        };
+        let prefix_cost = if documented { 0 } else { prefix.len() as u32 };
         if prefix_ok {
             match main.iterations {
-                Some(it) if count.is_none_or(|c| c == it) => best = best.min(prefix.len() as u32),
+                Some(it) if count.is_none_or(|c| c == it) => best = best.min(prefix_cost),
+                // Iterations whose calls allocate nothing leave no trace (the last rank's
+                // backward in step 6): fewer visible than the schedule's count is possible, at
+                // a price that keeps exact fits first.
+                Some(it) if count.is_some_and(|c| it < c && c <= it + MAX_HIDDEN) => {
+                    best = best.min(prefix_cost + 2 * (count.unwrap_or(0) - it))
+                }
                 // One call site repeated (steps 1 and 8): its count cannot be seen.
                 None if prefix.is_empty() => best = best.min(1),
                 _ => {}
@@ -185,9 +202,11 @@ struct CostMemo {
 }
 
 const UNKNOWN: u32 = u32::MAX;
+/// The most loop iterations that may leave no allocation behind.
+const MAX_HIDDEN: u32 = 8;
 /// The most groups worth fitting to the schedule.
 const MAX_GROUPS: usize = 64;
-const COUNT_CLASSES: usize = 6;
+const COUNT_CLASSES: usize = 6 + MAX_HIDDEN as usize;
 
 impl CostMemo {
     fn new(groups: usize) -> CostMemo {
@@ -210,13 +229,17 @@ impl CostMemo {
         let taken = &gs[g..g + take];
         let iterations = taken.last().and_then(|m| m.iterations);
         // Every distinction `cost` makes about the count: absent, zero, one, or more, and
-        // whether it equals the iterations of the last group taken.
+        // whether it equals the iterations of the last group taken or exceeds them by a few.
         let class = match count {
             None => 0,
             Some(0) => 1,
             Some(1) if iterations == Some(1) => 2,
             Some(1) => 3,
             Some(c) if Some(c) == iterations => 4,
+            // a few more than seen: each difference costs differently
+            Some(c) if iterations.is_some_and(|it| it < c && c <= it + MAX_HIDDEN) => {
+                5 + (c - iterations.unwrap_or(0)) as usize
+            }
             Some(_) => 5,
         };
         let n = self.groups + 1;

@@ -241,6 +241,9 @@ pub struct PipelineInfo {
     pub steps_from: StepSource,
     /// Pipeline shape, when it could be inferred.
     pub shape: Option<Shape>,
+    /// Whether `shape.chunks` is the number of micro-batches: a trace cut short in step 4
+    /// (an out-of-memory error) shows only a lower bound.
+    pub chunks_known: bool,
     /// `(step, first line, last line)` of each step region of `step()`.
     pub regions: Vec<(u8, u32, u32)>,
     /// Recorded path of the file defining `DualPipeV.step`.
@@ -273,6 +276,8 @@ pub struct Attribution {
     pub names: Names,
     /// Pipeline details when the pithtrain preset was used.
     pub pipeline: Option<PipelineInfo>,
+    /// Where the phases of events outside a pipeline came from.
+    pub phase_sources: generic::PhaseSources,
 }
 
 impl Attribution {
@@ -332,7 +337,7 @@ pub fn attribute(snap: &Snapshot, replay: &Replay, options: &Options) -> Attribu
     } else {
         Preset::Generic
     };
-    generic::label(
+    let phase_sources = generic::label(
         snap,
         replay,
         &mut names,
@@ -351,5 +356,6 @@ pub fn attribute(snap: &Snapshot, replay: &Replay, options: &Options) -> Attribu
         preexisting,
         names,
         pipeline: info,
+        phase_sources,
     }
 }

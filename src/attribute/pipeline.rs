@@ -325,10 +325,20 @@ pub(crate) fn label(
         labels,
         &mut facts,
     );
+    // Cut short before step 4 ended, a trace shows only some of step 4's iterations.
+    let last_step = scan
+        .calls
+        .iter()
+        .map(|c| c.step)
+        .filter(|s| (1..=8).contains(s))
+        .max()
+        .unwrap_or(0);
+    let chunks_known = replay.ooms.is_empty() || last_step > 4;
     Some(PipelineInfo {
         note: found.note,
         steps_from: found.steps_from,
         shape,
+        chunks_known,
         regions: found
             .regions
             .iter()

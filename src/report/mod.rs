@@ -29,6 +29,8 @@ pub struct AttributionSummary {
     pub preset: Preset,
     /// Pipeline details (pithtrain preset).
     pub pipeline: Option<PipelineInfo>,
+    /// Where the phases of events outside a pipeline came from (counts of events).
+    pub phase_sources: crate::attribute::generic::PhaseSources,
 }
 
 /// Which stacks the recording kept.
@@ -226,6 +228,7 @@ impl DeviceReport {
             attribution: AttributionSummary {
                 preset: a.attribution.preset,
                 pipeline: a.attribution.pipeline.clone(),
+                phase_sources: a.attribution.phase_sources,
             },
             peak: a.peak_place.clone(),
             peak_breakdown,

@@ -242,6 +242,8 @@ pub struct Snapshot {
     pub forward_frames: Vec<Vec<StrId>>,
     /// Encoding details.
     pub source: SourceInfo,
+    /// Shortest unambiguous suffixes of frame file names, computed on first use.
+    pub(crate) short_files: std::sync::OnceLock<rustc_hash::FxHashMap<StrId, String>>,
 }
 
 impl Snapshot {
@@ -281,6 +283,50 @@ impl Snapshot {
     /// Segments of one device.
     pub fn segments_of(&self, device: u32) -> impl Iterator<Item = &Segment> + '_ {
         self.segments.iter().filter(move |s| s.device == device)
+    }
+
+    /// A frame's file name shortened to the fewest trailing path components that no other
+    /// file of the snapshot's frames ends with: `modeling_llama.py`, or `a/utils.py` and
+    /// `b/utils.py` when both appear.
+    pub fn short_file(&self, file: StrId) -> &str {
+        let map = self.short_files.get_or_init(|| {
+            let mut files: Vec<StrId> = (0..self.stacks.frame_count())
+                .map(|i| self.stacks.frame(FrameId(i as u32)).filename)
+                .collect();
+            files.sort_unstable();
+            files.dedup();
+            let mut by_base: rustc_hash::FxHashMap<&str, Vec<StrId>> = Default::default();
+            for &f in &files {
+                let base = self.str(f).rsplit('/').next().unwrap_or("");
+                by_base.entry(base).or_default().push(f);
+            }
+            let mut out = rustc_hash::FxHashMap::default();
+            for (base, same) in by_base {
+                if same.len() == 1 {
+                    out.insert(same[0], base.to_string());
+                    continue;
+                }
+                let parts: Vec<Vec<&str>> = same
+                    .iter()
+                    .map(|&f| self.str(f).split('/').filter(|p| !p.is_empty()).collect())
+                    .collect();
+                for (k, p) in parts.iter().enumerate() {
+                    let n = (1..=p.len())
+                        .find(|&n| {
+                            let end = &p[p.len() - n..];
+                            parts
+                                .iter()
+                                .enumerate()
+                                .all(|(j, q)| j == k || !q.ends_with(end))
+                        })
+                        .unwrap_or(p.len());
+                    out.insert(same[k], p[p.len() - n..].join("/"));
+                }
+            }
+            out
+        });
+        map.get(&file)
+            .map_or_else(|| self.str(file), |s| s.as_str())
     }
 
     /// Formats a frame as `file:line:name` (C++ frames: `name`).

@@ -273,6 +273,24 @@ fn write_attribution(
     } else {
         writeln!(out, "  the peak was reached in {}", place.join(" · "))?;
     }
+    if d.attribution.pipeline.is_none() {
+        let s = &d.attribution.phase_sources;
+        let parts: Vec<String> = [
+            (s.frames, "stack frames"),
+            (s.metadata, "memory metadata"),
+            (s.annotation, "record_function"),
+            (s.autograd_thread, "autograd thread"),
+            (s.continued, "continued (frees)"),
+            (s.none, "no evidence: other"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{what} {}", units::count(*n)))
+        .collect();
+        if !parts.is_empty() {
+            writeln!(out, "  phases from: {}", parts.join(" · "))?;
+        }
+    }
     if let Some(info) = &d.attribution.pipeline {
         let from = match &info.steps_from {
             crate::attribute::StepSource::Source { file } => format!("from the source {file}"),
