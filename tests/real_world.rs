@@ -1,0 +1,447 @@
+//! Attribution on programs written by others: Hugging Face transformers models trained with
+//! AdamW (plain, checkpointed, compiled, with memory metadata, MoE, DDP), and DualPipeV
+//! pipelines of 4 and 8 ranks and one cut short by an out-of-memory error. Every figure is
+//! checked against what the program printed while it was recorded.
+
+use serde_json::Value;
+
+use crate::util::*;
+
+fn report(file: &std::path::Path, extra: &[&str]) -> Value {
+    let mut args = vec!["report", "--json"];
+    let f = file.to_string_lossy();
+    args.push(&f);
+    args.extend_from_slice(extra);
+    serde_json::from_str(&ok(&args)).expect("JSON")
+}
+
+/// `(kind, rank, snapshot)` of every transformers recording.
+fn transformers() -> Vec<(String, u32, std::path::PathBuf)> {
+    let dir = testdata("snapshots/transformers");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let p = entry.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if let Some(rest) = name.strip_prefix("memory_snapshot_") {
+            let (kind, rank) = rest.split_once("_rank").unwrap();
+            let rank: u32 = rank.split('.').next().unwrap().parse().unwrap();
+            out.push((kind.to_string(), rank, p));
+        }
+    }
+    out.sort();
+    assert!(out.len() >= 7, "{out:?}");
+    out
+}
+
+/// `PHASE rank=R step=S phase=P memory_allocated=N` lines of a recording, from the step
+/// recording started on: `(step, phase, bytes)`.
+fn printed_phases(kind: &str, rank: u32) -> (Vec<(u32, String, u64)>, u64) {
+    let log =
+        std::fs::read_to_string(testdata(&format!("snapshots/transformers/{kind}.log"))).unwrap();
+    let mut phases = Vec::new();
+    let mut peak = 0;
+    for line in log.lines() {
+        let field = |key: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .map(str::to_string)
+        };
+        if field("rank=").as_deref() != Some(&rank.to_string()) {
+            continue;
+        }
+        if line.starts_with("PHASE ") {
+            phases.push((
+                field("step=").unwrap().parse::<u32>().unwrap(),
+                field("phase=").unwrap(),
+                field("memory_allocated=").unwrap().parse().unwrap(),
+            ));
+        } else if line.starts_with("PEAK ") {
+            peak = field("max_memory_allocated=").unwrap().parse().unwrap();
+        }
+    }
+    let first = phases.iter().find(|p| p.1 == "start").unwrap().0;
+    phases.retain(|p| p.0 >= first && p.1 != "start");
+    let phases = phases
+        .into_iter()
+        .map(|(s, p, b)| (s - first, p, b))
+        .collect();
+    (phases, peak)
+}
+
+/// The peak is PyTorch's own, and each phase ends where the program printed
+/// `memory_allocated()`: after the forward returned, after `loss.backward()`, after
+/// `optimizer.step()`, and after `zero_grad()` (the end of the training step).
+#[test]
+fn phase_ends_equal_what_the_program_printed() {
+    let mut checked = 0;
+    for (kind, rank, file) in transformers() {
+        let (phases, peak) = printed_phases(&kind, rank);
+        let rep = report(&file, &[]);
+        let d = &rep["devices"][0];
+        assert_eq!(
+            d["peak_allocated_bytes"].as_u64().unwrap(),
+            peak,
+            "{kind} peak"
+        );
+        let steps = d["steps"].as_array().unwrap();
+        for (step, phase, bytes) in phases {
+            let of_step: Vec<&Value> = steps
+                .iter()
+                .filter(|r| r["train_step"].as_u64() == Some(step as u64))
+                .collect();
+            let row = match phase.as_str() {
+                "zero_grad" => of_step.last().copied(),
+                p => of_step
+                    .iter()
+                    .find(|r| r["label"].as_str().unwrap().ends_with(p))
+                    .copied(),
+            };
+            let got = row.map(|r| r["end_allocated_bytes"].as_u64().unwrap());
+            assert_eq!(got, Some(bytes), "{kind} rank {rank}: step {step} {phase}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 56, "{checked}");
+}
+
+/// Model code, not the training script, is where the memory of a model call comes from:
+/// wherever a model frame (transformers, in `site-packages`) is on an allocation's stack, the
+/// allocation's site is not the script's line; and the model library's files are among the
+/// top sites at the peak.
+#[test]
+fn top_sites_name_model_code() {
+    for (kind, _, file) in transformers() {
+        let snap = memsnap::snapshot::Snapshot::open(&file).unwrap();
+        let device = snap.devices_with_events().next().unwrap();
+        let mut with_model = 0;
+        for e in snap.trace(device) {
+            let model_frame = memsnap::attribute::frames::user_frames(&snap, e.stack)
+                .any(|f| snap.str(f.filename).contains("/transformers/"));
+            if model_frame {
+                with_model += 1;
+                let site = memsnap::attribute::frames::site(&snap, e.stack, 3);
+                // innermost last; a part names its file where the file changes
+                let innermost_file = site
+                    .split(';')
+                    .rfind(|part| part.matches(':').count() == 2)
+                    .unwrap_or("");
+                assert!(
+                    !innermost_file.starts_with("real_world.py"),
+                    "{kind}: {site}"
+                );
+            }
+        }
+        assert!(with_model > 100, "{kind}: {with_model}");
+        let rep = report(&file, &[]);
+        let sites: Vec<String> = rep["devices"][0]["top_sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["label"].as_str().unwrap().to_string())
+            .collect();
+        let model = sites
+            .iter()
+            .take(6)
+            .filter(|s| s.contains("modeling_") || s.contains("loss_utils"))
+            .count();
+        assert!(model >= 1, "{kind}: {sites:?}");
+    }
+}
+
+/// Checkpointed layers recompute their forward inside backward: one forward and one
+/// backward row per training step, and the recomputation labelled `recompute` in backward.
+#[test]
+fn checkpoint_recomputation_belongs_to_backward() {
+    let file = testdata("snapshots/transformers/memory_snapshot_llama_ckpt_rank0.pickle.xz");
+    let rep = report(&file, &[]);
+    let labels: Vec<String> = rep["devices"][0]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["label"].as_str().unwrap().to_string())
+        .collect();
+    for step in 0..2 {
+        for phase in ["forward", "backward", "optimizer"] {
+            let n = labels
+                .iter()
+                .filter(|l| **l == format!("train step {step} · {phase}"))
+                .count();
+            assert_eq!(n, 1, "{phase} of step {step}: {labels:?}");
+        }
+    }
+    let snap = memsnap::snapshot::Snapshot::open(&file).unwrap();
+    let a = memsnap::analysis::analyse_device(&snap, 0, &Default::default());
+    let attribution = &a.attribution;
+    let recompute: Vec<_> = attribution
+        .labels
+        .iter()
+        .filter(|l| attribution.names.get(l.op) == "recompute")
+        .collect();
+    assert!(recompute.len() > 50, "{}", recompute.len());
+    assert!(recompute
+        .iter()
+        .all(|l| l.phase == memsnap::attribute::Phase::Backward));
+}
+
+/// Metadata the program set with `torch.cuda.memory._set_memory_metadata` decides phases, and
+/// the report says how many phases came from it.
+#[test]
+fn memory_metadata_labels_phases() {
+    let with = report(
+        &testdata("snapshots/transformers/memory_snapshot_llama_meta_rank0.pickle.xz"),
+        &[],
+    );
+    let sources = &with["devices"][0]["attribution"]["phase_sources"];
+    assert!(sources["metadata"].as_u64().unwrap() > 500, "{sources}");
+    let without = report(
+        &testdata("snapshots/transformers/memory_snapshot_llama_rank0.pickle.xz"),
+        &[],
+    );
+    assert_eq!(
+        without["devices"][0]["attribution"]["phase_sources"]["metadata"],
+        0
+    );
+    let text = ok(&[
+        "report",
+        &testdata("snapshots/transformers/memory_snapshot_llama_meta_rank0.pickle.xz")
+            .to_string_lossy(),
+    ]);
+    assert!(text.contains("memory metadata"), "{text}");
+}
+
+/// Frames with no sign of a phase give `other`, never `backward`.
+#[test]
+fn no_evidence_means_other() {
+    use serde_pickle::value::{HashableValue as H, Value as V};
+    use std::collections::BTreeMap;
+    let s = |t: &str| V::String(t.to_string());
+    let frame = |name: &str, line: i64| {
+        let mut f = BTreeMap::new();
+        f.insert(
+            H::String("filename".into()),
+            s(&format!("/srv/app/{name}.py")),
+        );
+        f.insert(H::String("name".into()), s(name));
+        f.insert(H::String("line".into()), V::I64(line));
+        V::Dict(f)
+    };
+    let event = |action: &str, addr: i64, size: i64, frames: Vec<V>| {
+        let mut e = BTreeMap::new();
+        e.insert(H::String("action".into()), s(action));
+        e.insert(H::String("addr".into()), V::I64(addr));
+        e.insert(H::String("size".into()), V::I64(size));
+        e.insert(H::String("stream".into()), V::I64(0));
+        e.insert(
+            H::String("time_us".into()),
+            V::I64(1_700_000_000_000_000 + addr % 1000),
+        );
+        e.insert(H::String("frames".into()), V::List(frames));
+        V::Dict(e)
+    };
+    let base = 1i64 << 40;
+    let mut trace = vec![event("segment_alloc", base, 20 << 20, vec![])];
+    for k in 0..20i64 {
+        let frames = vec![frame(&format!("qzx{k}"), 10 + k), frame("wvy", 3)];
+        trace.push(event(
+            "alloc",
+            base + k * (1 << 20),
+            1 << 20,
+            frames.clone(),
+        ));
+        if k % 2 == 1 {
+            trace.push(event(
+                "free_requested",
+                base + k * (1 << 20),
+                1 << 20,
+                frames.clone(),
+            ));
+            trace.push(event(
+                "free_completed",
+                base + k * (1 << 20),
+                1 << 20,
+                frames,
+            ));
+        }
+    }
+    let mut snap = BTreeMap::new();
+    snap.insert(H::String("segments".into()), V::List(vec![]));
+    snap.insert(
+        H::String("device_traces".into()),
+        V::List(vec![V::List(trace)]),
+    );
+    let bytes = serde_pickle::value_to_vec(&V::Dict(snap), Default::default()).unwrap();
+    let dir = scratch();
+    let file = dir.path().join("random_frames.pickle");
+    std::fs::write(&file, bytes).unwrap();
+    let rep = report(&file, &[]);
+    let phases = rep["devices"][0]["peak_breakdown"]["phase"].to_string();
+    assert!(
+        !phases.contains("backward") && !phases.contains("forward"),
+        "{phases}"
+    );
+    assert!(phases.contains("other"), "{phases}");
+}
+
+/// `[rank=R pp=R] After StepN (K ...): X GiB` lines: `(step, iterations, GiB text)`.
+fn printed_steps(log: &str, rank: u32) -> Vec<(u64, u64, String)> {
+    let prefix = format!("[rank={rank} pp={rank}] After Step");
+    log.lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|l| {
+            let (step, rest) = l.split_once(" (")?;
+            let (iterations, rest) = rest.split_once(' ')?;
+            let gib = rest.split_once("): ")?.1.split(" GiB").next()?;
+            Some((
+                step.parse().ok()?,
+                iterations.parse().ok()?,
+                gib.to_string(),
+            ))
+        })
+        .filter(|s| s.0 <= 8)
+        .collect()
+}
+
+/// Checks one pipeline recording's step table against what each rank printed: the end of
+/// every step (a step whose loop runs no iteration ends where the step before it ended) and
+/// its iteration count; returns the steps checked.
+fn check_pipeline(folder: &str, extra: &[&str], ranks: &[u32], chunks: Option<u64>) -> usize {
+    let dir = testdata(&format!("snapshots/pipelines/{folder}"));
+    let log = std::fs::read_to_string(dir.join("train.log")).unwrap();
+    let mut checked = 0;
+    for &rank in ranks {
+        let file = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| {
+                p.to_string_lossy()
+                    .contains(&format!("memory_snapshot_rank{rank}_"))
+            })
+            .unwrap();
+        let rep = report(&file, extra);
+        let d = &rep["devices"][0];
+        let pipeline = &d["attribution"]["pipeline"];
+        let shape = &pipeline["shape"];
+        if chunks.is_some() {
+            assert_eq!(
+                shape["ranks"].as_u64(),
+                Some(ranks.len() as u64),
+                "{folder} rank {rank}"
+            );
+        }
+        assert_eq!(
+            shape["rank"].as_u64(),
+            Some(rank as u64),
+            "{folder} rank {rank}: {shape}"
+        );
+        if let Some(n) = chunks {
+            assert_eq!(
+                shape["chunks"].as_u64(),
+                Some(n),
+                "{folder} rank {rank}: {shape}"
+            );
+        }
+        let steps = d["steps"].as_array().unwrap();
+        let gib = |b: u64| format!("{:.2}", b as f64 / (1u64 << 30) as f64);
+        let mut last_end: Option<u64> = None;
+        let printed = printed_steps(&log, rank);
+        assert!(!printed.is_empty(), "{folder} rank {rank}");
+        for (step, iterations, want) in printed {
+            let rows: Vec<&Value> = steps.iter().filter(|r| r["step"] == step).collect();
+            let end = match rows.last() {
+                Some(r) => {
+                    let it = r["iterations"].as_u64();
+                    assert_eq!(
+                        it,
+                        Some(iterations),
+                        "{folder} rank {rank} step {step} iterations"
+                    );
+                    r["end_allocated_bytes"].as_u64()
+                }
+                None => {
+                    // a loop of no iteration ends where the next step starts
+                    assert_eq!(
+                        iterations, 0,
+                        "{folder} rank {rank}: step {step} has no row"
+                    );
+                    steps
+                        .iter()
+                        .find(|r| (step + 1..=8).contains(&r["step"].as_u64().unwrap()))
+                        .and_then(|r| r["start_allocated_bytes"].as_u64())
+                        .or(last_end)
+                }
+            };
+            assert_eq!(end.map(gib), Some(want), "{folder} rank {rank} step {step}");
+            last_end = end;
+            checked += 1;
+        }
+    }
+    checked
+}
+
+/// Pipelines of 4 and 8 ranks (micro-batches N = 2P, the edge, and N = 3P), every rank: the
+/// inferred shape, each step's end and iteration count equal what the program printed.
+#[test]
+fn every_rank_of_every_pipeline_shape() {
+    let mut checked = 0;
+    checked += check_pipeline("pp4n8", &[], &[0, 1, 2, 3], Some(8));
+    checked += check_pipeline("pp4n12", &[], &[0, 1, 2, 3], Some(12));
+    checked += check_pipeline("pp8n16", &[], &[0, 1, 2, 3, 4, 5, 6, 7], Some(16));
+    assert!(checked >= 64, "{checked}");
+}
+
+/// The same with the source at hand: steps from the `# Step N` comments give the same table.
+#[test]
+fn pipelines_from_source_equal_inferred() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/snapgen");
+    if !root.is_dir() {
+        let Some(_) = shared() else { return };
+    }
+    let root = root.to_string_lossy().into_owned();
+    for (folder, ranks) in [("pp4n8", 4u32), ("pp8n16", 8), ("pp2oom", 1)] {
+        let dir = testdata(&format!("snapshots/pipelines/{folder}"));
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let p = entry.unwrap().path();
+            if !p.to_string_lossy().ends_with(".pickle.xz") {
+                continue;
+            }
+            let inferred = report(&p, &[]);
+            let from_source = report(&p, &["--source-root", &root]);
+            let steps_from = &from_source["devices"][0]["attribution"]["pipeline"]["steps_from"];
+            assert_eq!(steps_from["from"], "source", "{}", p.display());
+            let table = |r: &Value| -> Vec<(String, u64, Option<u64>)> {
+                r["devices"][0]["steps"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|s| {
+                        (
+                            s["label"].as_str().unwrap().to_string(),
+                            s["end_allocated_bytes"].as_u64().unwrap(),
+                            s["iterations"].as_u64(),
+                        )
+                    })
+                    .collect()
+            };
+            assert_eq!(table(&inferred), table(&from_source), "{}", p.display());
+        }
+        let _ = ranks;
+    }
+}
+
+/// A pipeline cut short by an out-of-memory error in step 4: the steps before the cut have
+/// their exact ends and iteration counts, and the number of micro-batches is not claimed.
+#[test]
+fn a_pipeline_cut_short_by_an_oom() {
+    check_pipeline("pp2oom", &[], &[0], None);
+    let dir = testdata("snapshots/pipelines/pp2oom");
+    let file = dir.join("memory_snapshot_rank0_pp2oom.pickle.xz");
+    let rep = report(&file, &[]);
+    let pipeline = &rep["devices"][0]["attribution"]["pipeline"];
+    assert_eq!(pipeline["chunks_known"], false, "{pipeline}");
+    assert_eq!(pipeline["shape"]["ranks"], 2);
+    let steps = rep["devices"][0]["steps"].as_array().unwrap();
+    let s4 = steps.iter().find(|s| s["step"] == 4).unwrap();
+    assert!(s4["iterations"].is_null(), "{s4}");
+    let log = std::fs::read_to_string(dir.join("train.log")).unwrap();
+    assert!(log.contains("CUDA out of memory"));
+}
