@@ -11,7 +11,8 @@
 //! decides over frames. Training steps are counted at `ProfilerStep#N`/`step_N` ranges, or
 //! after each optimizer phase.
 
-use super::frames;
+use super::source::SourceFiles;
+use super::{frames, modules};
 use super::{Label, Names, Phase, STEP_NONE};
 use crate::replay::Replay;
 use crate::snapshot::{Action, Snapshot, StackId, Stage};
@@ -33,7 +34,13 @@ struct Facts {
     stage: super::NameId,
 }
 
-fn facts(snap: &Snapshot, stack: StackId, names: &mut Names) -> Facts {
+fn facts(
+    snap: &Snapshot,
+    stack: StackId,
+    names: &mut Names,
+    sources: &mut SourceFiles,
+    classes: &mut modules::ClassNames,
+) -> Facts {
     let mut optim = false;
     let engine =
         frames::in_autograd_engine(snap, stack) || frames::autograd_node(snap, stack).is_some();
@@ -117,6 +124,8 @@ fn facts(snap: &Snapshot, stack: StackId, names: &mut Names) -> Facts {
         f.to_string()
     } else if recompute {
         "activation checkpointing: recompute".to_string()
+    } else if let Some(path) = modules::module_path(snap, stack, sources, classes) {
+        path
     } else if let Some(f) = frames::user_frames(snap, stack).next() {
         format!("{}:{}", snap.short_file(f.filename), snap.str(f.name))
     } else if let Some(node) = frames::autograd_node(snap, stack) {
@@ -210,10 +219,12 @@ fn step_number(name: &str) -> Option<u32> {
 pub(crate) fn label(
     snap: &Snapshot,
     replay: &Replay,
+    sources: &mut SourceFiles,
     names: &mut Names,
     labels: &mut [Label],
     all: bool,
 ) -> PhaseSources {
+    let mut classes = modules::ClassNames::default();
     let events = snap.trace(replay.device);
     let ranges = annotation_ranges(snap, replay.device);
     let mut cache = frames::PerStack::new(snap);
@@ -225,7 +236,7 @@ pub(crate) fn label(
     let mut train_step: u16 = 0;
     let mut first_step_number: Option<u32> = None;
     let mut saw_optimizer = false;
-    let mut sources = PhaseSources::default();
+    let mut counts = PhaseSources::default();
     let zero_grad_op = names.intern("zero_grad");
     let recompute_op = names.intern("recompute");
     let ops = [
@@ -250,7 +261,9 @@ pub(crate) fn label(
         if !all && labels[i].pipe_step != STEP_NONE {
             continue;
         }
-        let f: Facts = cache.get(e.stack, || facts(snap, e.stack, names));
+        let f: Facts = cache.get(e.stack, || {
+            facts(snap, e.stack, names, sources, &mut classes)
+        });
         let meta = snap.str(e.user_metadata);
         let from_meta = (!meta.is_empty())
             .then(|| phase_of_annotation(meta))
@@ -267,21 +280,21 @@ pub(crate) fn label(
         let no_frames = snap.stacks.stack(e.stack).is_empty();
         let (phase, source) = if zero_grad {
             // the most specific evidence: gradients dropped, whatever range it runs in
-            (Phase::Other, &mut sources.frames)
+            (Phase::Other, &mut counts.frames)
         } else if let Some(p) = from_meta {
-            (p, &mut sources.metadata)
+            (p, &mut counts.metadata)
         } else if let Some(p) = annotated {
-            (p, &mut sources.annotation)
+            (p, &mut counts.annotation)
         } else if let Some(p) = f.phase {
-            (p, &mut sources.frames)
+            (p, &mut counts.frames)
         } else if (no_frames || f.other_thread) && last_main_backward {
-            (Phase::Backward, &mut sources.autograd_thread)
+            (Phase::Backward, &mut counts.autograd_thread)
         } else if f.other_thread && f.module {
-            (Phase::Forward, &mut sources.frames)
+            (Phase::Forward, &mut counts.frames)
         } else if let (true, Some(p)) = (is_free, last_phase) {
-            (p, &mut sources.continued)
+            (p, &mut counts.continued)
         } else {
-            (Phase::Other, &mut sources.none)
+            (Phase::Other, &mut counts.none)
         };
         *source += 1;
         if f.main_thread {
@@ -342,7 +355,7 @@ pub(crate) fn label(
             }
         }
     }
-    sources
+    counts
 }
 
 #[cfg(test)]

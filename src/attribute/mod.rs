@@ -22,6 +22,7 @@ pub mod category;
 pub mod frames;
 pub mod generic;
 mod infer;
+pub mod modules;
 pub mod pipeline;
 pub mod rules;
 pub mod schedule;
@@ -340,6 +341,7 @@ pub fn attribute(snap: &Snapshot, replay: &Replay, options: &Options) -> Attribu
     let phase_sources = generic::label(
         snap,
         replay,
+        &mut sources,
         &mut names,
         &mut labels,
         preset == Preset::Generic,
