@@ -445,3 +445,31 @@ fn a_pipeline_cut_short_by_an_oom() {
     let log = std::fs::read_to_string(dir.join("train.log")).unwrap();
     assert!(log.contains("CUDA out of memory"));
 }
+
+/// Stages of generic programs read like a model summary: the module path, with class names
+/// when the source is at hand, and the layer of a loop over layers.
+#[test]
+fn module_paths_with_classes_and_layers() {
+    // the example recorder's model: TinyLM with four Blocks; its source is in examples/
+    let file = testdata("snapshots/single-gpu/memory_snapshot_rank0_step1.pickle.xz");
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let rep = report(&file, &["--source-root", &examples.to_string_lossy()]);
+    let stages = rep["devices"][0]["peak_breakdown"]["stage"].to_string();
+    for k in 0..4 {
+        assert!(
+            stages.contains(&format!("TinyLM.forward › Block[{k}].forward")),
+            "{stages}"
+        );
+    }
+    // transformers without its source: files, functions and lines, four decoder layers
+    let file = testdata("snapshots/transformers/memory_snapshot_llama_rank0.pickle.xz");
+    let rep = report(&file, &[]);
+    let stages = rep["devices"][0]["peak_breakdown"]["stage"].to_string();
+    for k in 0..4 {
+        assert!(
+            stages.contains(&format!("modeling_llama.py:forward[{k}]:322")),
+            "{stages}"
+        );
+    }
+    assert!(!stages.contains("forward[4]"), "{stages}");
+}

@@ -32,7 +32,11 @@ struct Facts {
     /// `zero_grad()`.
     zero_grad: bool,
     stage: super::NameId,
+    /// Index of the stack's module chain (when the stage is its module path), or `NO_CHAIN`.
+    chain: u32,
 }
+
+const NO_CHAIN: u32 = u32::MAX;
 
 fn facts(
     snap: &Snapshot,
@@ -40,6 +44,7 @@ fn facts(
     names: &mut Names,
     sources: &mut SourceFiles,
     classes: &mut modules::ClassNames,
+    chains: &mut Vec<modules::Chain>,
 ) -> Facts {
     let mut optim = false;
     let engine =
@@ -120,11 +125,15 @@ fn facts(
         None
     };
     let recompute = checkpoint && (engine || other_thread);
+    let mut chain = NO_CHAIN;
     let stage = if let Some(f) = fsdp {
         f.to_string()
     } else if recompute {
         "activation checkpointing: recompute".to_string()
-    } else if let Some(path) = modules::module_path(snap, stack, sources, classes) {
+    } else if let Some(c) = modules::module_chain(snap, stack, sources, classes) {
+        let path = c.render(&[]);
+        chains.push(c);
+        chain = (chains.len() - 1) as u32;
         path
     } else if let Some(f) = frames::user_frames(snap, stack).next() {
         format!("{}:{}", snap.short_file(f.filename), snap.str(f.name))
@@ -142,6 +151,7 @@ fn facts(
         recompute,
         zero_grad,
         stage: names.intern(&stage),
+        chain,
     }
 }
 
@@ -225,6 +235,10 @@ pub(crate) fn label(
     all: bool,
 ) -> PhaseSources {
     let mut classes = modules::ClassNames::default();
+    let mut chains: Vec<modules::Chain> = Vec::new();
+    let mut layers = modules::LayerCounter::default();
+    // (event, chain, ordinal of each method), for events whose stage is a module path
+    let mut marks: Vec<(usize, u32, Vec<u16>)> = Vec::new();
     let events = snap.trace(replay.device);
     let ranges = annotation_ranges(snap, replay.device);
     let mut cache = frames::PerStack::new(snap);
@@ -262,7 +276,7 @@ pub(crate) fn label(
             continue;
         }
         let f: Facts = cache.get(e.stack, || {
-            facts(snap, e.stack, names, sources, &mut classes)
+            facts(snap, e.stack, names, sources, &mut classes, &mut chains)
         });
         let meta = snap.str(e.user_metadata);
         let from_meta = (!meta.is_empty())
@@ -349,10 +363,31 @@ pub(crate) fn label(
             f.stage
         };
         l.call = segment | (1 << 31);
+        if f.chain != NO_CHAIN && e.action == Action::Alloc {
+            let ordinals = layers.step(&chains[f.chain as usize], segment);
+            marks.push((i, f.chain, ordinals));
+        }
         if l.detail == super::NameId::default() {
             if let Some(node) = frames::autograd_node(snap, e.stack) {
                 l.detail = names.intern(&node);
             }
+        }
+    }
+    // Layers of loops: the outermost method called from a loop gets its ordinal.
+    for (i, chain, ordinals) in marks {
+        let c = &chains[chain as usize];
+        let Some(d) = c
+            .methods
+            .iter()
+            .position(|m| layers.loops.contains(&m.caller))
+        else {
+            continue;
+        };
+        let mut shown = vec![None; c.methods.len()];
+        shown[d] = ordinals.get(d).copied();
+        labels[i].stage = names.intern(&c.render(&shown));
+        if let Some(&k) = ordinals.get(d) {
+            labels[i].layer = k;
         }
     }
     counts

@@ -77,16 +77,81 @@ fn enclosing_class(lines: &[String], at: usize) -> Option<String> {
 /// whole model's `forward`, are the same for every allocation).
 pub const MAX_DEPTH: usize = 3;
 
-/// The module path of a stack, or `None` when no module method of the program is on it.
-/// Each module call (`_call_impl`) contributes its method: the frame named `forward` inside
-/// that call, past any decorator wrappers, or else its first program frame. A helper function
-/// of the program called from the innermost method ends the path.
+/// One module method on a stack.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Method {
+    /// `Class.forward`, or `file:forward` without the source.
+    pub name: String,
+    /// Without the source: the line of the call the method made (shown for outer methods).
+    pub line: Option<u32>,
+    /// Where it was called from: the caller's file and line (the same for every layer of a
+    /// loop over layers).
+    pub caller: (StrId, u32),
+    /// The line the method was at (lines go back when the loop calls the next layer).
+    pub at: u32,
+}
+
+/// The module methods of a stack, outermost first, and the program helper the innermost one
+/// called.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chain {
+    /// Methods, outermost first.
+    pub methods: Vec<Method>,
+    /// A helper function of the program called from the innermost method.
+    pub helper: Option<String>,
+}
+
+impl Chain {
+    /// The path text: the innermost [`MAX_DEPTH`] methods, `ordinals[d]` (when given) as the
+    /// layer index of method `d` (`LlamaDecoderLayer[3].forward`), then the helper.
+    pub fn render(&self, ordinals: &[Option<u16>]) -> String {
+        let n = self.methods.len();
+        // the innermost methods, and always the layer of a loop
+        let layer = ordinals.iter().position(|o| o.is_some()).unwrap_or(n);
+        let skip = n.saturating_sub(MAX_DEPTH).min(layer);
+        let mut parts: Vec<String> = Vec::with_capacity(MAX_DEPTH + 1);
+        for (d, m) in self.methods.iter().enumerate().skip(skip) {
+            let mut name = match ordinals.get(d).copied().flatten() {
+                // `Block[3].forward`, or without the source `model.py:forward[3]`
+                Some(k) => match m.name.split_once('.') {
+                    Some((class, rest)) if m.line.is_none() => format!("{class}[{k}].{rest}"),
+                    _ => format!("{}[{k}]", m.name),
+                },
+                None => m.name.clone(),
+            };
+            if let (Some(line), false) = (m.line, d + 1 == n) {
+                name = format!("{name}:{line}");
+            }
+            parts.push(name);
+        }
+        if let Some(h) = &self.helper {
+            parts.push(h.clone());
+        }
+        parts.join(SEPARATOR)
+    }
+}
+
+/// The module path of a stack as text, or `None` when no module method of the program is on
+/// it (see [`module_chain`]).
 pub fn module_path(
     snap: &Snapshot,
     stack: StackId,
     sources: &mut SourceFiles,
     classes: &mut ClassNames,
 ) -> Option<String> {
+    module_chain(snap, stack, sources, classes).map(|c| c.render(&[]))
+}
+
+/// The module methods of a stack. Each module call (`_call_impl`) contributes its method: the
+/// frame named `forward` inside that call, past any decorator wrappers, or else its first
+/// program frame. A helper function of the program called from the innermost method ends the
+/// chain. `None` when no module method of the program is on the stack.
+pub fn module_chain(
+    snap: &Snapshot,
+    stack: StackId,
+    sources: &mut SourceFiles,
+    classes: &mut ClassNames,
+) -> Option<Chain> {
     let mut all: Vec<_> = snap
         .stacks
         .frames(stack)
@@ -98,41 +163,53 @@ pub fn module_path(
             && snap.str(f.filename).ends_with("torch/nn/modules/module.py")
     };
     let program = |f: &crate::snapshot::Frame| !frames::is_library(snap, f);
-    // each contributing module call: (its method's frame, the frames inside the call)
-    let mut calls: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+    // each contributing module call: (its method's frame, the frames inside the call, caller)
+    let mut calls: Vec<(usize, std::ops::Range<usize>, (StrId, u32))> = Vec::new();
     let mut k = 0;
     while k < all.len() {
         if !is_call(&all[k]) {
             k += 1;
             continue;
         }
-        // the frames of this module call, up to the next module call inside it
         let end = (k + 1..all.len())
             .find(|&j| is_call(&all[j]))
             .unwrap_or(all.len());
         let method = (k + 1..end)
             .find(|&j| program(&all[j]) && snap.str(all[j].name) == "forward")
             .or_else(|| (k + 1..end).find(|&j| program(&all[j])));
+        let caller = (0..k)
+            .rev()
+            .find(|&j| program(&all[j]))
+            .map_or((StrId(0), 0), |j| (all[j].filename, all[j].line));
         if let Some(m) = method {
-            calls.push((m, k + 1..end));
+            calls.push((m, k + 1..end, caller));
         }
         k = end;
     }
-    let mut methods: Vec<String> = Vec::new();
-    for (i, (m, _)) in calls.iter().enumerate() {
-        let f = &all[*m];
-        let function = snap.str(f.name);
-        let innermost = i + 1 == calls.len();
-        methods.push(match classes.class_of(snap, sources, f.filename, f.line) {
-            Some(class) => format!("{class}.{function}"),
-            // the line tells which submodule an outer method called; the innermost
-            // method's line would split one method into many
-            None if innermost => format!("{}:{function}", snap.short_file(f.filename)),
-            None => format!("{}:{function}:{}", snap.short_file(f.filename), f.line),
-        });
+    if calls.is_empty() {
+        return None;
     }
-    // a helper function of the program called from the innermost method
-    let helper = calls.last().and_then(|(m, inside)| {
+    let methods = calls
+        .iter()
+        .map(|(m, _, caller)| {
+            let f = &all[*m];
+            let function = snap.str(f.name);
+            let (name, line) = match classes.class_of(snap, sources, f.filename, f.line) {
+                Some(class) => (format!("{class}.{function}"), None),
+                None => (
+                    format!("{}:{function}", snap.short_file(f.filename)),
+                    Some(f.line),
+                ),
+            };
+            Method {
+                name,
+                line,
+                caller: *caller,
+                at: f.line,
+            }
+        })
+        .collect();
+    let helper = calls.last().and_then(|(m, inside, _)| {
         let f = &all[*m];
         inside
             .clone()
@@ -142,15 +219,55 @@ pub fn module_path(
             .filter(|g| snap.str(g.name) != "forward")
             .map(|g| format!("{}:{}", snap.short_file(g.filename), snap.str(g.name)))
     });
-    if methods.is_empty() {
-        return None;
+    Some(Chain { methods, helper })
+}
+
+/// Layer ordinals of module methods, counted as a trace is walked: a method called from the
+/// same place again whose line goes back is the next layer of a loop; a new forward pass (a
+/// new phase segment) starts counting again. Call sites that ever counted past 0 are loops.
+#[derive(Debug, Default)]
+pub struct LayerCounter {
+    depth: Vec<((StrId, u32), u32, u16)>,
+    segment: u32,
+    /// Call sites seen calling the next layer.
+    pub loops: std::collections::HashSet<(StrId, u32)>,
+}
+
+impl LayerCounter {
+    /// The ordinal of each method of `chain` at an event of phase segment `segment`.
+    pub fn step(&mut self, chain: &Chain, segment: u32) -> Vec<u16> {
+        if segment != self.segment {
+            self.depth.clear();
+            self.segment = segment;
+        }
+        let mut out = Vec::with_capacity(chain.methods.len());
+        let mut reset_below = false;
+        for (d, m) in chain.methods.iter().enumerate() {
+            if d >= self.depth.len() {
+                self.depth.push((m.caller, m.at, 0));
+                out.push(0);
+                continue;
+            }
+            let (caller, last, ordinal) = &mut self.depth[d];
+            if reset_below || *caller != m.caller {
+                *caller = m.caller;
+                *last = m.at;
+                *ordinal = 0;
+            } else if m.at < *last {
+                *ordinal = ordinal.saturating_add(1);
+                self.loops.insert(m.caller);
+                reset_below = true;
+                *last = m.at;
+                out.push(*ordinal);
+                self.depth.truncate(d + 1);
+                continue;
+            } else {
+                *last = m.at;
+            }
+            out.push(*ordinal);
+        }
+        out
     }
-    let skip = methods.len().saturating_sub(MAX_DEPTH);
-    let mut path: Vec<String> = methods.split_off(skip);
-    if let Some(h) = helper {
-        path.push(h);
-    }
-    Some(path.join(SEPARATOR))
 }
 
 #[cfg(test)]
