@@ -370,6 +370,12 @@ pub(crate) fn label(
         if l.detail == super::NameId::default() {
             if let Some(node) = frames::autograd_node(snap, e.stack) {
                 l.detail = names.intern(&node);
+            } else {
+                // the compiled region (torch.compile with compile_context=True)
+                let context = snap.str(e.compile_context);
+                if !context.is_empty() && context != "N/A" {
+                    l.detail = names.intern(context);
+                }
             }
         }
     }
