@@ -473,3 +473,25 @@ fn module_paths_with_classes_and_layers() {
     }
     assert!(!stages.contains("forward[4]"), "{stages}");
 }
+
+/// DDP's gradient buckets, built in the first forward, are communication buffers.
+#[test]
+fn ddp_gradient_buckets_are_communication() {
+    for rank in 0..2 {
+        let file = testdata(&format!(
+            "snapshots/transformers/memory_snapshot_gpt2_ddp_rank{rank}.pickle.xz"
+        ));
+        let rep = report(&file, &[]);
+        let cats = rep["devices"][0]["peak_breakdown"]["category"]
+            .as_array()
+            .unwrap()
+            .clone();
+        let comm = cats
+            .iter()
+            .find(|c| c["label"] == "communication")
+            .and_then(|c| c["bytes"].as_u64())
+            .unwrap_or(0);
+        // GPT-2 here has 60 M parameters in fp32: 25 MiB buckets hold about 111 MiB
+        assert!(comm > 100 << 20, "rank {rank}: {cats:?}");
+    }
+}

@@ -103,7 +103,16 @@ fn is_comm_stack(snap: &Snapshot, stack: crate::snapshot::StackId) -> bool {
             || n.contains("c10d::")
             || n.contains("ProcessGroupNCCL")
             || (f.line > 0 && file.contains("torch/distributed/"))
+            || is_ddp_bucket_frame(n, file)
     })
+}
+
+/// DDP's gradient buckets: built by its reducer in the first forward (`_pre_forward` rebuilds
+/// them), or by the C++ reducer itself.
+fn is_ddp_bucket_frame(name: &str, file: &str) -> bool {
+    (file.ends_with("torch/nn/parallel/distributed.py")
+        && (name == "_pre_forward" || name.contains("bucket") || name.contains("reducer")))
+        || name.contains("c10d::Reducer")
 }
 
 fn accumulates_grad(snap: &Snapshot, stack: crate::snapshot::StackId) -> bool {
