@@ -170,3 +170,87 @@ fn usage_errors_exit_2() {
     let o = memsnap(&["frobnicate"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// The whole file is read: what follows the pickle, and a compressed file's checksum and end,
+/// are checked; offsets in compressed files are of the decompressed stream.
+#[test]
+fn damaged_and_concatenated_files_are_refused() {
+    use std::io::{Read, Write};
+    let xz = std::fs::read(testdata(
+        "snapshots/single-gpu/memory_snapshot_rank0_step1.pickle.xz",
+    ))
+    .unwrap();
+    let mut plain = Vec::new();
+    xz2::read::XzDecoder::new(&xz[..])
+        .read_to_end(&mut plain)
+        .unwrap();
+    let dir = scratch();
+    let mut junk = plain.clone();
+    junk.extend_from_slice(b"garbage\n");
+    let err = fails(&write(&dir, "junk.pickle", &junk));
+    assert!(
+        err.contains("8 more byte(s) follow the end of the pickle"),
+        "{err}"
+    );
+    let mut two = plain.clone();
+    two.extend_from_slice(&plain);
+    let err = fails(&write(&dir, "two.pickle", &two));
+    assert!(err.contains("a second pickle"), "{err}");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&plain).unwrap();
+    let mut gz = gz.finish().unwrap();
+    let n = gz.len();
+    gz[n - 6] ^= 0xff; // the CRC32 of the trailer
+    let err = fails(&write(&dir, "crc.pickle.gz", &gz));
+    assert!(err.contains("of the decompressed stream"), "{err}");
+    assert!(err.contains("damaged"), "{err}");
+    let err = fails(&write(&dir, "cut.pickle.xz", &xz[..xz.len() - 20]));
+    assert!(err.contains("of the decompressed stream"), "{err}");
+}
+
+/// Figures stay sound on strange traces, and the text says what was odd instead of "matches
+/// exactly": a free of a block never allocated, an unknown action, a clock going backwards.
+#[test]
+fn anomalies_are_counted_not_hidden() {
+    use serde_pickle::value::{HashableValue as H, Value as V};
+    use std::collections::BTreeMap;
+    let event = |action: &str, addr: i64, size: i64, time: i64| {
+        let mut e = BTreeMap::new();
+        e.insert(H::String("action".into()), V::String(action.into()));
+        e.insert(H::String("addr".into()), V::I64(addr));
+        e.insert(H::String("size".into()), V::I64(size));
+        e.insert(H::String("stream".into()), V::I64(0));
+        e.insert(H::String("time_us".into()), V::I64(time));
+        e.insert(H::String("frames".into()), V::List(vec![]));
+        V::Dict(e)
+    };
+    let base = 1i64 << 40;
+    let t = 1_700_000_000_000_000i64;
+    let trace = vec![
+        event("segment_alloc", base, 2 << 20, t),
+        event("alloc", base, 512, t + 10),
+        event("free_requested", base + 4096, 512, t + 5),
+        event("teleport", base, 512, t + 20),
+        event("free_requested", base, 512, t + 30),
+        event("free_completed", base, 512, t + 31),
+    ];
+    let mut snap = BTreeMap::new();
+    snap.insert(H::String("segments".into()), V::List(vec![]));
+    snap.insert(
+        H::String("device_traces".into()),
+        V::List(vec![V::List(trace)]),
+    );
+    let bytes = serde_pickle::value_to_vec(&V::Dict(snap), Default::default()).unwrap();
+    let dir = scratch();
+    let f = write(&dir, "odd.pickle", &bytes);
+    let text = ok(&["report", &f]);
+    assert!(!text.contains("matches the snapshot exactly"), "{text}");
+    assert!(text.contains("1 event of unknown actions"), "{text}");
+    assert!(text.contains("earlier than the one before"), "{text}");
+    assert!(text.contains("the replay could not place"), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&ok(&["report", "--json", &f])).unwrap();
+    let d = &v["devices"][0];
+    assert_eq!(d["duration_us"], 31);
+    assert_eq!(d["unknown_actions"], 1);
+    assert_eq!(d["events_out_of_time_order"], 1);
+}

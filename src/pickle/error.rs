@@ -5,12 +5,14 @@ use std::io;
 /// A pickle could not be decoded. `offset` is the byte (in the decompressed stream) where the
 /// failing opcode starts.
 #[derive(Debug, thiserror::Error)]
-#[error("byte {offset}: {kind}")]
+#[error("byte {offset}{}: {kind}", if *.decompressed { " of the decompressed stream" } else { "" })]
 pub struct DecodeError {
     /// Offset of the failing opcode in the decompressed pickle stream.
     pub offset: u64,
     /// What went wrong.
     pub kind: DecodeErrorKind,
+    /// The input was decompressed (the offset is not a byte of the file).
+    pub decompressed: bool,
 }
 
 /// The reasons a pickle is refused.
@@ -100,8 +102,16 @@ pub enum DecodeErrorKind {
     #[error("{0}")]
     Rejected(FieldError),
     /// Reading or decompressing failed.
-    #[error("{0}")]
+    #[error("{}", describe_io(.0))]
     Io(io::Error),
+    /// Bytes follow the pickle's `STOP`.
+    #[error("{bytes} more byte(s) follow the end of the pickle{}", if *.second_pickle { " (a second pickle: memsnap reads one snapshot per file)" } else { " (junk: a damaged or concatenated file?)" })]
+    TrailingData {
+        /// How many.
+        bytes: u64,
+        /// They begin like a pickle.
+        second_pickle: bool,
+    },
 }
 
 /// A value of the wrong type or out of range where a consumer needed a certain field.
@@ -124,5 +134,20 @@ impl FieldError {
             found: found.into(),
             expected,
         }
+    }
+}
+
+/// A read or decompression error as one plain sentence.
+fn describe_io(e: &io::Error) -> String {
+    let text = e.to_string();
+    let lower = text.to_ascii_lowercase();
+    if lower.contains("crc") || lower.contains("checksum") || lower.contains("corrupt") {
+        format!("the compressed data is damaged ({text})")
+    } else if e.kind() == io::ErrorKind::UnexpectedEof || lower.contains("unexpected end") {
+        "the compressed file ends early (truncated?)".to_string()
+    } else if e.kind() == io::ErrorKind::InvalidInput || e.kind() == io::ErrorKind::InvalidData {
+        format!("the compressed data cannot be read ({text})")
+    } else {
+        text
     }
 }

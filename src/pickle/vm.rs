@@ -115,10 +115,13 @@ pub fn decode_with<R: Read, A: Adopter>(
             return Err(DecodeError {
                 offset: 0,
                 kind: DecodeErrorKind::NotAPickle(first),
+                decompressed: false,
             });
         }
     }
     let root = vm.run(&mut reader)?;
+    vm.offset = reader.offset();
+    vm.rest_of_input(&mut reader)?;
     Ok(Decoded {
         root,
         heap: vm.heap,
@@ -185,6 +188,33 @@ impl<A: Adopter> Vm<'_, A> {
         DecodeError {
             offset: self.offset,
             kind,
+            decompressed: false,
+        }
+    }
+
+    /// Reads what follows `STOP` to the end of the input, so that a compressed file's checksum
+    /// is verified; anything there is an error: a second pickle, or junk.
+    fn rest_of_input<R: Read>(&mut self, r: &mut Reader<R>) -> Result<(), DecodeError> {
+        let mut extra = 0u64;
+        let mut first = None;
+        loop {
+            match r.byte() {
+                Ok(Some(b)) => {
+                    first.get_or_insert(b);
+                    let more = r.window().len();
+                    r.advance(more);
+                    extra += 1 + more as u64;
+                }
+                Ok(None) => break,
+                Err(e) => return Err(self.read_err(e)),
+            }
+        }
+        match first {
+            None => Ok(()),
+            Some(b) => Err(self.err(DecodeErrorKind::TrailingData {
+                bytes: extra,
+                second_pickle: b == op::PROTO,
+            })),
         }
     }
 
@@ -263,6 +293,7 @@ impl<A: Adopter> Vm<'_, A> {
             .map_err(|e| DecodeError {
                 offset,
                 kind: DecodeErrorKind::Rejected(e),
+                decompressed: false,
             })?;
         while let Some((slot, replacement)) = self.heap.memo_rewrites.pop() {
             self.memo.replace(slot as u64, replacement);
@@ -800,6 +831,7 @@ impl<A: Adopter> Vm<'_, A> {
                     expected: "a list",
                     found: "a released list",
                 },
+                decompressed: false,
             }),
             other => Err(DecodeError {
                 offset,
@@ -808,6 +840,7 @@ impl<A: Adopter> Vm<'_, A> {
                     expected: "a list",
                     found: type_name(other),
                 },
+                decompressed: false,
             }),
         }
     }
@@ -826,6 +859,7 @@ impl<A: Adopter> Vm<'_, A> {
                     expected: "a dict",
                     found: "a released dict",
                 },
+                decompressed: false,
             }),
             other => Err(DecodeError {
                 offset,
@@ -834,6 +868,7 @@ impl<A: Adopter> Vm<'_, A> {
                     expected: "a dict",
                     found: type_name(other),
                 },
+                decompressed: false,
             }),
         }
     }

@@ -68,6 +68,11 @@ pub struct DeviceReport {
     pub events: usize,
     /// Time from the first to the last event, in microseconds.
     pub duration_us: i64,
+    /// Events recorded earlier than the event before them (a clock going backwards); the
+    /// duration then counts from the earliest to the latest time.
+    pub events_out_of_time_order: u64,
+    /// Trace entries whose action memsnap does not know (passed over).
+    pub unknown_actions: u64,
     /// Which stacks were recorded.
     pub stacks: StackKind,
     /// Every free in the trace has its allocation in the trace.
@@ -169,6 +174,35 @@ pub fn stack_kind(snap: &Snapshot, device: u32) -> StackKind {
     }
 }
 
+/// Microseconds from the earliest to the latest recorded time (0 without times); never
+/// negative, even when the clock went backwards.
+fn time_span(snap: &Snapshot, device: u32) -> i64 {
+    let times = snap
+        .trace(device)
+        .iter()
+        .map(|e| e.time_us)
+        .filter(|&t| t != 0);
+    let (lo, hi) = times.fold((i64::MAX, i64::MIN), |(lo, hi), t| (lo.min(t), hi.max(t)));
+    if lo > hi {
+        0
+    } else {
+        hi.saturating_sub(lo)
+    }
+}
+
+/// Events whose time is earlier than that of the event before them.
+fn out_of_order(snap: &Snapshot, device: u32) -> u64 {
+    let mut last = i64::MIN;
+    let mut n = 0;
+    for e in snap.trace(device).iter().filter(|e| e.time_us != 0) {
+        if e.time_us < last {
+            n += 1;
+        }
+        last = e.time_us;
+    }
+    n
+}
+
 fn largest_free_block(snap: &Snapshot, device: u32) -> u64 {
     snap.segments_of(device)
         .flat_map(|s| s.blocks.iter())
@@ -199,7 +233,13 @@ impl DeviceReport {
         DeviceReport {
             device: r.device,
             events: r.len(),
-            duration_us: r.time_span_us.1 - r.time_span_us.0,
+            duration_us: time_span(snap, r.device),
+            events_out_of_time_order: out_of_order(snap, r.device),
+            unknown_actions: snap
+                .trace(r.device)
+                .iter()
+                .filter(|e| e.action == crate::snapshot::Action::Unknown)
+                .count() as u64,
             stacks: stack_kind(snap, r.device),
             trace_complete: r.history.complete,
             frees_without_alloc: r.history.frees_without_alloc,

@@ -766,7 +766,13 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<Snapshot, Error> {
             _ => file_bytes.saturating_mul(16),
         };
     }
-    let mut snap = from_pickle(reader, limits).map_err(wrap)?;
+    let compressed = compression != pickle::Compression::None;
+    let mut snap = from_pickle(reader, limits).map_err(|mut kind| {
+        if let ErrorKind::Decode(d) = &mut kind {
+            d.decompressed = compressed;
+        }
+        wrap(kind)
+    })?;
     snap.source.compression = Some(compression);
     snap.source.file_bytes = file_bytes;
     Ok(snap)

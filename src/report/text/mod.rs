@@ -126,14 +126,35 @@ fn status_line(d: &DeviceReport) -> Vec<String> {
             units::counted(d.frees_without_alloc, "free")
         )
     });
-    parts.push(if d.replay_consistent {
+    let odd = d.check.anomalies + d.unknown_actions + d.events_out_of_time_order;
+    parts.push(if d.replay_consistent && odd == 0 {
         "replay matches the snapshot exactly".to_string()
+    } else if d.replay_consistent {
+        "replay matches the snapshot's blocks".to_string()
     } else {
         format!(
             "replay differs from the snapshot ({})",
             units::counted(d.check.block_mismatches, "block")
         )
     });
+    if d.check.anomalies > 0 {
+        parts.push(format!(
+            "{} the replay could not place (frees of unknown blocks, allocations on no free block)",
+            units::counted(d.check.anomalies, "event")
+        ));
+    }
+    if d.unknown_actions > 0 {
+        parts.push(format!(
+            "{} of unknown actions passed over",
+            units::counted(d.unknown_actions, "event")
+        ));
+    }
+    if d.events_out_of_time_order > 0 {
+        parts.push(format!(
+            "{} earlier than the one before (clock went backwards)",
+            units::counted(d.events_out_of_time_order, "event")
+        ));
+    }
     parts
 }
 
