@@ -6,6 +6,7 @@ mod compare;
 mod errors;
 mod real_world;
 mod report;
+mod scale;
 mod simulate;
 mod usability;
 mod util;

@@ -135,6 +135,14 @@ impl<'a> Replayer<'a> {
         }
         let mut pre = Vec::new();
         let mut frees_without_alloc = 0;
+        // the snapshot's live blocks by address, for the stacks of frees without an alloc
+        let live_at_end: rustc_hash::FxHashMap<u64, StackId> = self
+            .snap
+            .segments_of(self.device)
+            .flat_map(|s| s.blocks.iter())
+            .filter(|b| b.state != BlockState::Inactive)
+            .map(|b| (b.address, b.stack))
+            .collect();
         // Frees whose alloc came before the first event.
         let mut by_first: Vec<(u64, usize)> = first.iter().map(|(&a, &i)| (a, i)).collect();
         by_first.sort_unstable_by_key(|&(_, i)| i);
@@ -146,7 +154,7 @@ impl<'a> Replayer<'a> {
             if e.action == Action::FreeRequested {
                 frees_without_alloc += 1;
             }
-            let end_block = self.end_block(addr);
+            let end_stack = live_at_end.get(&addr).copied();
             // The block's real size is unknown; its rounded request is the best estimate.
             let size = self.rules.round(e.size);
             pre.push((
@@ -156,7 +164,7 @@ impl<'a> Replayer<'a> {
                 if e.stack != StackId::EMPTY {
                     e.stack
                 } else {
-                    end_block.map_or(StackId::EMPTY, |b| b.stack)
+                    end_stack.unwrap_or(StackId::EMPTY)
                 },
                 if e.action == Action::FreeCompleted {
                     Use::Pending
@@ -205,13 +213,6 @@ impl<'a> Replayer<'a> {
         }
         self.misplaced = self.state.build(placed);
         (out, frees_without_alloc)
-    }
-
-    fn end_block(&self, addr: u64) -> Option<&crate::snapshot::Block> {
-        self.snap
-            .segments_of(self.device)
-            .flat_map(|s| s.blocks.iter())
-            .find(|b| b.address == addr && b.state != BlockState::Inactive)
     }
 
     /// Replays every event from the state rebuilt for trace start.
@@ -369,7 +370,7 @@ impl<'a> Replayer<'a> {
             }
             Action::SegmentAlloc => {
                 self.state.map_range(e.addr, e.size, false);
-                self.state.blocks.insert(e.addr, Blk::free(e.size));
+                self.state.put(e.addr, Blk::free(e.size));
                 t.reserved += e.size;
             }
             Action::SegmentFree => {
@@ -441,7 +442,7 @@ impl<'a> Replayer<'a> {
                     b.state = Use::Live;
                     b.requested = requested;
                     b.origin = event;
-                    self.state.blocks.insert(addr, b);
+                    self.state.put(addr, b);
                     return rounded;
                 }
             }

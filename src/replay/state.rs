@@ -64,9 +64,24 @@ pub(crate) struct Range {
 pub(crate) struct State {
     pub(crate) ranges: BTreeMap<u64, Range>,
     pub(crate) blocks: FxHashMap<u64, Blk>,
+    /// Block starts in address order, for the lookups by address inside a block.
+    starts: std::collections::BTreeSet<u64>,
 }
 
 impl State {
+    /// Adds (or replaces) the block at `addr`.
+    pub(crate) fn put(&mut self, addr: u64, b: Blk) {
+        self.blocks.insert(addr, b);
+        self.starts.insert(addr);
+    }
+
+    /// Removes the block at `addr`.
+    fn take(&mut self, addr: u64) -> Option<Blk> {
+        let b = self.blocks.remove(&addr)?;
+        self.starts.remove(&addr);
+        Some(b)
+    }
+
     /// The range holding `addr`: `(start, range)`.
     pub(crate) fn range_of(&self, addr: u64) -> Option<(u64, Range)> {
         let (&start, &r) = self.ranges.range(..=addr).next_back()?;
@@ -132,7 +147,7 @@ impl State {
         for (start, r) in ranges {
             let end = start + r.size;
             while i < placed.len() && placed[i].0 < start {
-                self.blocks.insert(placed[i].0, placed[i].1);
+                self.put(placed[i].0, placed[i].1);
                 misplaced += 1;
                 i += 1;
             }
@@ -158,22 +173,21 @@ impl State {
                 let (a, mut b) = chain[k];
                 b.prev = if k > 0 { chain[k - 1].0 } else { NIL };
                 b.next = chain.get(k + 1).map_or(NIL, |c| c.0);
-                self.blocks.insert(a, b);
+                self.put(a, b);
             }
         }
         for &(a, b) in &placed[i..] {
-            self.blocks.insert(a, b);
+            self.put(a, b);
             misplaced += 1;
         }
         misplaced
     }
 
-    /// The block whose bytes include `addr` (a scan: only for inconsistent input).
+    /// The block whose bytes include `addr`.
     pub(crate) fn containing(&self, addr: u64) -> Option<u64> {
-        self.blocks
-            .iter()
-            .find(|(&s, b)| s <= addr && addr < s.saturating_add(b.size))
-            .map(|(&s, _)| s)
+        let &s = self.starts.range(..=addr).next_back()?;
+        let b = self.blocks.get(&s)?;
+        (addr < s.saturating_add(b.size)).then_some(s)
     }
 
     /// Cuts the block at `start` after `len` bytes; the tail becomes its own block with the
@@ -184,7 +198,7 @@ impl State {
             return None;
         }
         let tail = start + len;
-        self.blocks.insert(
+        self.put(
             tail,
             Blk {
                 size: b.size - len,
@@ -206,7 +220,7 @@ impl State {
         let Some(&b) = self.blocks.get(&start) else {
             return;
         };
-        let Some(next) = self.blocks.remove(&b.next) else {
+        let Some(next) = self.take(b.next) else {
             return;
         };
         if let Some(nn) = self.blocks.get_mut(&next.next) {
@@ -239,7 +253,7 @@ impl State {
         let mut cursor = addr;
         let mut prev = NIL;
         while cursor != NIL && cursor < end {
-            let Some(b) = self.blocks.remove(&cursor) else {
+            let Some(b) = self.take(cursor) else {
                 break;
             };
             if prev == NIL {
@@ -271,14 +285,10 @@ impl State {
         self.map_range(addr, size, true);
         let mut b = Blk::free(size);
         b.state = Use::Pending;
-        let before = if addr > 0 {
-            self.blocks
-                .iter()
-                .find(|(&s, x)| s + x.size == addr)
-                .map(|(&s, _)| s)
-        } else {
-            None
-        };
+        let before = addr
+            .checked_sub(1)
+            .and_then(|last| self.containing(last))
+            .filter(|&s| self.blocks.get(&s).is_some_and(|x| s + x.size == addr));
         let same_range =
             |st: &State, x: u64| st.range_of(x).map(|r| r.0) == st.range_of(addr).map(|r| r.0);
         if let Some(p) = before.filter(|&p| same_range(self, p)) {
@@ -293,7 +303,7 @@ impl State {
                 nb.prev = addr;
             }
         }
-        self.blocks.insert(addr, b);
+        self.put(addr, b);
         self.release(addr);
     }
 
@@ -316,7 +326,7 @@ impl State {
         let mut right = NIL;
         let mut cursor = addr;
         while cursor != NIL && cursor < end {
-            match self.blocks.remove(&cursor) {
+            match self.take(cursor) {
                 Some(b) => {
                     right = b.next;
                     cursor = b.next;

@@ -150,7 +150,11 @@ impl EntryCompactor {
             return a;
         }
         let a = Action::parse(heap.str(id));
-        self.actions.push((id, a));
+        // Only the known actions are remembered (at most ten), so a trace of many different
+        // unknown action names costs one comparison each, not a growing search.
+        if a != Action::Unknown {
+            self.actions.push((id, a));
+        }
         a
     }
 
