@@ -9,6 +9,7 @@
 //! the same colour in every chart.
 
 mod draw;
+pub mod flamegraph;
 pub mod palette;
 pub mod series;
 

@@ -3,6 +3,7 @@
 //! `Result<(), Failure>`, and [`exit_code`] alone turns that into the process's exit code.
 
 mod compare;
+mod flamegraph;
 mod report;
 mod timeline;
 mod ui;
@@ -37,6 +38,8 @@ enum Command {
     Whatif(whatif::WhatIfArgs),
     /// Explain an out-of-memory error: figures, what was live, why, and what would fit.
     Oom(whatif::OomArgs),
+    /// Draw the memory live at one moment as a flamegraph (SVG), or print its folded stacks.
+    Flamegraph(flamegraph::FlamegraphArgs),
 }
 
 /// Why a command did not fully succeed.
@@ -219,6 +222,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Compare(args) => compare::run(args),
         Command::Whatif(args) => whatif::run_whatif(args),
         Command::Oom(args) => whatif::run_oom(args),
+        Command::Flamegraph(args) => flamegraph::run(args),
     })
 }
 

@@ -1,0 +1,129 @@
+//! `memsnap flamegraph FILE`: the memory live at one moment as a flamegraph.
+
+use std::io::{self, BufWriter, Write};
+use std::path::PathBuf;
+
+use memsnap::chart::flamegraph::{self, Moment, Root};
+use memsnap::units;
+
+use super::{load, Failure, InputArgs};
+
+/// The level above the frames (`--root`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RootArg {
+    /// Pipeline step (or phase), op and micro-batch.
+    Step,
+    /// Layer stage or module path.
+    Stage,
+    /// Memory category.
+    Category,
+    /// None.
+    None,
+}
+
+/// Arguments of `memsnap flamegraph`.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Example:\n  memsnap flamegraph rank0.pickle.xz -o flame.svg --at peak --root step"
+)]
+pub struct FlamegraphArgs {
+    /// Snapshot file.
+    pub file: PathBuf,
+    /// Output SVG (default: flamegraph.svg); ignored with --folded.
+    #[arg(short, long, value_name = "FILE", default_value = "flamegraph.svg")]
+    pub output: PathBuf,
+    /// The moment: peak, end, #EVENT or SECONDS s (from the first event), e.g. 3.2s.
+    #[arg(long, default_value = "peak", value_parser = parse_moment)]
+    pub at: Moment,
+    /// Print the folded stacks (`frames BYTES` per line) to stdout instead of drawing.
+    #[arg(long)]
+    pub folded: bool,
+    /// The level above the program's frames.
+    #[arg(long, value_enum, default_value_t = RootArg::Step)]
+    pub root: RootArg,
+    /// Device (default: the first with events).
+    #[arg(long)]
+    pub device: Option<u32>,
+    #[command(flatten)]
+    pub input: InputArgs,
+}
+
+fn parse_moment(s: &str) -> Result<Moment, String> {
+    Moment::parse(s).ok_or_else(|| format!("{s:?}: use peak, end, #EVENT or SECONDS s (e.g. 3.2s)"))
+}
+
+pub fn run(args: FlamegraphArgs) -> Result<(), Failure> {
+    let fail = |e| memsnap::Error::new(&args.output, memsnap::ErrorKind::Chart(e));
+    if !args.folded && args.output.extension().and_then(|e| e.to_str()) != Some("svg") {
+        return Err(Failure::Usage(format!(
+            "{}: a flamegraph is an SVG: give a file ending in .svg, or --folded",
+            args.output.display()
+        )));
+    }
+    if !args.folded {
+        if let Some(dir) = args.output.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if !dir.is_dir() {
+                return Err(fail(memsnap::chart::ChartError::NoFolder(dir.to_path_buf())).into());
+            }
+        }
+    }
+    let options = args.input.analysis()?;
+    let snap = load(&args.file)?;
+    let devices: Vec<u32> = snap.devices_with_events().collect();
+    let device = match args.device {
+        Some(d) if devices.contains(&d) => d,
+        Some(d) => {
+            return Err(Failure::Usage(format!(
+                "{}: device {d} has no events",
+                args.file.display()
+            )))
+        }
+        None => *devices.first().ok_or_else(|| {
+            memsnap::Error::new(
+                &args.file,
+                memsnap::ErrorKind::NoDevice("no device has trace events".into()),
+            )
+        })?,
+    };
+    let a = memsnap::analysis::analyse_device(&snap, device, &options);
+    let at = args
+        .at
+        .event(&a)
+        .map_err(|m| Failure::Usage(format!("{}: --at: {m}", args.file.display())))?;
+    let root = match args.root {
+        RootArg::Step => Root::Step,
+        RootArg::Stage => Root::Stage,
+        RootArg::Category => Root::Category,
+        RootArg::None => Root::None,
+    };
+    let lines = flamegraph::folded(&a, at, root);
+    if args.folded {
+        let stdout = io::stdout();
+        let mut out = BufWriter::new(stdout.lock());
+        flamegraph::write_folded(&mut out, &lines)?;
+        out.flush()?;
+        return Ok(());
+    }
+    let total: u64 = lines.iter().map(|l| l.1).sum();
+    let moment = match (args.at, at) {
+        (Moment::Peak, _) => "at the peak".to_string(),
+        (_, None) => "before the first event".to_string(),
+        (_, Some(i)) => format!("after event {}", units::count(i as u64)),
+    };
+    let name = args
+        .file
+        .file_name()
+        .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+    let title = format!(
+        "{name} · device {device} · {moment} · {} allocated",
+        units::bytes(total)
+    );
+    let mut file = std::fs::File::create(&args.output).map_err(|e| {
+        fail(memsnap::chart::ChartError::Draw(format!(
+            "cannot create it: {e}"
+        )))
+    })?;
+    flamegraph::write_svg(&mut file, &lines, &title).map_err(fail)?;
+    eprintln!("memsnap: wrote {}", args.output.display());
+    Ok(())
+}
