@@ -193,3 +193,36 @@ fn two_devices_of_one_file_are_two_rows() {
     unique.dedup();
     assert_eq!(unique.len(), names.len(), "{names:?}");
 }
+
+/// `--markdown` gives GitHub-flavoured Markdown: a heading, the headline figures as a list,
+/// every table with a header rule, and no box-drawing characters.
+#[test]
+fn markdown_reports_and_comparisons() {
+    let md = ok(&["report", "--markdown", &single()]);
+    assert!(md.starts_with("### `"), "{md}");
+    assert!(md.contains("- **peak allocated 2.88 GiB**"), "{md}");
+    assert!(md.contains("| live at the peak, by category |"), "{md}");
+    assert!(md.contains("|---"), "{md}");
+    assert!(!md.contains('─'), "{md}");
+    let tables = md.lines().filter(|l| l.starts_with("|--")).count();
+    assert!(tables >= 4, "{tables}");
+    let peak = testdata("snapshots/pithtrain-peak/memory_snapshot_rank0_peak_step0.pickle.xz");
+    let other = testdata("snapshots/pithtrain-peak/memory_snapshot_rank1_peak_step0.pickle.xz");
+    let md = ok(&[
+        "compare",
+        "--markdown",
+        &peak.to_string_lossy(),
+        &other.to_string_lossy(),
+    ]);
+    assert!(md.contains("- **rank 1** peaks"), "{md}");
+    assert!(md.contains("|---") && !md.contains('─'), "{md}");
+    let md = ok(&[
+        "compare",
+        "--markdown",
+        &testdata("snapshots/pithtrain-peak").to_string_lossy(),
+    ]);
+    assert!(md.contains("| rank |") && !md.contains('─'), "{md}");
+    // Markdown and JSON exclude each other
+    let o = memsnap(&["report", "--markdown", "--json", &single()]);
+    assert_eq!(o.status.code(), Some(2));
+}

@@ -25,6 +25,9 @@ pub struct CompareArgs {
     /// JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// GitHub-flavoured Markdown tables, ready to paste into a pull request.
+    #[arg(long, conflicts_with = "json")]
+    pub markdown: bool,
     /// Also draw the timelines as panels sharing one y axis (PNG or SVG).
     #[arg(long, value_name = "FILE")]
     pub png: Option<PathBuf>,
@@ -196,7 +199,9 @@ pub fn run(args: CompareArgs) -> Result<(), Failure> {
         if args.json {
             json::write_pair(&mut out, &pair)?;
         } else {
-            text::compare::write_pair(&mut out, &pair, args.top)?;
+            text::as_markdown(args.markdown, || {
+                text::compare::write_pair(&mut out, &pair, args.top)
+            })?;
         }
         loaded
             .iter_mut()
@@ -215,7 +220,9 @@ pub fn run(args: CompareArgs) -> Result<(), Failure> {
         if args.json {
             json::write_ranks(&mut out, &ranks)?;
         } else {
-            text::compare::write_ranks(&mut out, &ranks, args.top)?;
+            text::as_markdown(args.markdown, || {
+                text::compare::write_ranks(&mut out, &ranks, args.top)
+            })?;
         }
         panels
     };

@@ -27,6 +27,10 @@ pub struct ReportArgs {
     /// Rows per table.
     #[arg(long, default_value_t = 8)]
     pub top: usize,
+    /// GitHub-flavoured Markdown: the headline figures as a list, then the tables, ready to
+    /// paste into a pull request.
+    #[arg(long, conflicts_with = "json")]
+    pub markdown: bool,
     /// Also draw a timeline chart of each device into this folder (PNG; created if needed).
     #[arg(long, value_name = "DIR")]
     pub png: Option<PathBuf>,
@@ -40,6 +44,7 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
     let text = TextOptions {
         by: args.by.clone(),
         top: args.top,
+        markdown: args.markdown,
     };
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());

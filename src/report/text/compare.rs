@@ -63,6 +63,20 @@ fn write_diffs(
 
 /// Writes a two-snapshot comparison.
 pub fn write_pair(out: &mut dyn Write, pair: &Pair, top: usize) -> io::Result<()> {
+    if super::markdown() {
+        writeln!(
+            out,
+            "- **{}** peaks {} {} than **{}**",
+            pair.b.name,
+            units::bytes(pair.peak_allocated_diff_bytes.unsigned_abs()),
+            if pair.peak_allocated_diff_bytes >= 0 {
+                "higher"
+            } else {
+                "lower"
+            },
+            pair.a.name
+        )?;
+    }
     // long names are introduced once and the columns say `first` and `second`
     let long = pair.a.name.chars().count().max(pair.b.name.chars().count()) > 16;
     let (a, b) = if long {

@@ -19,6 +19,8 @@ pub struct TextOptions {
     pub by: Vec<Dimension>,
     /// Rows per table.
     pub top: usize,
+    /// GitHub-flavoured Markdown instead of terminal text.
+    pub markdown: bool,
 }
 
 impl Default for TextOptions {
@@ -26,8 +28,29 @@ impl Default for TextOptions {
         TextOptions {
             by: vec![Dimension::Category, Dimension::Step, Dimension::Stage],
             top: 8,
+            markdown: false,
         }
     }
+}
+
+thread_local! {
+    /// Whether tables are rendered as Markdown: set for the duration of one rendering by
+    /// [`as_markdown`], read by [`indented`], so that every table of a view follows its mode
+    /// without each writer passing it down.
+    static MARKDOWN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Renders with `f`, tables as Markdown when `markdown` is set.
+pub fn as_markdown<T>(markdown: bool, f: impl FnOnce() -> T) -> T {
+    let before = MARKDOWN.with(|m| m.replace(markdown));
+    let out = f();
+    MARKDOWN.with(|m| m.set(before));
+    out
+}
+
+/// Whether the rendering in progress is Markdown.
+pub fn markdown() -> bool {
+    MARKDOWN.with(|m| m.get())
 }
 
 const STYLE: TableStyle =
@@ -70,6 +93,16 @@ pub fn shorten_left(s: &str, max: usize) -> String {
 
 /// Indents every line of a rendered table.
 pub fn indented(t: &Table, by: &str) -> String {
+    if markdown() {
+        let mut md = t.clone();
+        md.load_style(comfy_table::presets::ASCII_MARKDOWN);
+        return md
+            .to_string()
+            .lines()
+            .map(str::trim_end)
+            .collect::<Vec<_>>()
+            .join("\n");
+    }
     t.to_string()
         .lines()
         .map(|l| format!("{by}{}", l.trim_end()))
@@ -79,6 +112,10 @@ pub fn indented(t: &Table, by: &str) -> String {
 
 /// Writes the report of one file.
 pub fn write(out: &mut dyn Write, report: &FileReport, options: &TextOptions) -> io::Result<()> {
+    as_markdown(options.markdown, || write_file(out, report, options))
+}
+
+fn write_file(out: &mut dyn Write, report: &FileReport, options: &TextOptions) -> io::Result<()> {
     if report.devices.is_empty() {
         writeln!(out, "{}: no devices with events or segments", report.file)?;
     }
@@ -164,6 +201,9 @@ fn write_device(
     d: &DeviceReport,
     options: &TextOptions,
 ) -> io::Result<()> {
+    if options.markdown {
+        return write_markdown_device(out, report, d, options);
+    }
     writeln!(out, "{} · device {}", report.file, d.device)?;
     let mut status = status_line(d);
     if let Some(conf) = &report.allocator_settings {
@@ -397,4 +437,48 @@ fn write_attribution(
         )?;
     }
     Ok(())
+}
+
+/// A device's report as Markdown: a heading, the headline figures as a list, then the tables.
+fn write_markdown_device(
+    out: &mut dyn Write,
+    report: &FileReport,
+    d: &DeviceReport,
+    options: &TextOptions,
+) -> io::Result<()> {
+    writeln!(out, "### `{}` · device {}", report.file, d.device)?;
+    writeln!(out)?;
+    let place = if d.peak.is_before_trace() {
+        "before the trace started".to_string()
+    } else {
+        format!("in {}", d.peak.summary())
+    };
+    writeln!(
+        out,
+        "- **peak allocated {}** {place}; reserved then {}",
+        units::bytes(d.peak_allocated_bytes),
+        units::bytes(d.reserved_at_peak_bytes)
+    )?;
+    writeln!(
+        out,
+        "- peak reserved {}; at the end {} allocated, {} reserved",
+        units::bytes(d.peak_reserved_bytes),
+        units::bytes(d.end_allocated_bytes),
+        units::bytes(d.end_reserved_bytes)
+    )?;
+    if let Some(top) = d.peak_breakdown.get("category").and_then(|c| c.first()) {
+        writeln!(
+            out,
+            "- mostly {}: {} ({})",
+            top.label,
+            units::bytes(top.bytes),
+            units::percent(top.bytes, d.peak_allocated_bytes)
+        )?;
+    }
+    if let Some(e) = &d.oom_explanation {
+        writeln!(out, "- **out of memory**: {}", e.explanation)?;
+    }
+    writeln!(out, "- {}", status_line(d).join(" · "))?;
+    write_attribution(out, d, options)?;
+    writeln!(out)
 }
