@@ -226,3 +226,34 @@ fn markdown_reports_and_comparisons() {
     let o = memsnap(&["report", "--markdown", "--json", &single()]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// Completion scripts for four shells, and every command's help ends with an example.
+#[test]
+fn completions_and_examples_in_help() {
+    for shell in ["bash", "zsh", "fish", "powershell"] {
+        let script = ok(&["completions", shell]);
+        assert!(script.contains("memsnap"), "{shell}");
+        assert!(
+            script.contains("whatif") && script.contains("flamegraph"),
+            "{shell}"
+        );
+    }
+    for command in [
+        "report",
+        "timeline",
+        "compare",
+        "whatif",
+        "oom",
+        "flamegraph",
+        "completions",
+    ] {
+        let help = ok(&[command, "--help"]);
+        let last = help.trim_end().lines().last().unwrap_or("");
+        assert!(
+            last.trim_start().starts_with("memsnap "),
+            "{command}: {help}"
+        );
+    }
+    // --quiet is accepted anywhere
+    ok(&["report", "--quiet", &single()]);
+}

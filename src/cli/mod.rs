@@ -19,8 +19,17 @@ use memsnap::replay::SizeModel;
 
 /// Explains PyTorch CUDA memory snapshots: where every byte of GPU memory went.
 #[derive(Debug, Parser)]
-#[command(name = "memsnap", version, about, long_about = None)]
+#[command(
+    name = "memsnap",
+    version,
+    about,
+    long_about = None,
+    after_help = "Example:\n  memsnap report memory_snapshot_rank0_step0.pickle.xz"
+)]
 pub struct Cli {
+    /// No progress bars.
+    #[arg(long, short, global = true)]
+    quiet: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -40,6 +49,14 @@ enum Command {
     Oom(whatif::OomArgs),
     /// Draw the memory live at one moment as a flamegraph (SVG), or print its folded stacks.
     Flamegraph(flamegraph::FlamegraphArgs),
+    /// Print a shell completion script (bash, zsh, fish, powershell, elvish).
+    #[command(
+        after_help = "Example:\n  memsnap completions bash > ~/.local/share/bash-completion/completions/memsnap"
+    )]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 /// Why a command did not fully succeed.
@@ -216,6 +233,9 @@ impl InputArgs {
 
 /// Runs a parsed command line; returns the process exit code.
 pub fn run(cli: Cli) -> ExitCode {
+    if cli.quiet {
+        ui::quiet();
+    }
     exit_code(match cli.command {
         Command::Report(args) => report::run(args),
         Command::Timeline(args) => timeline::run(args),
@@ -223,7 +243,17 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Whatif(args) => whatif::run_whatif(args),
         Command::Oom(args) => whatif::run_oom(args),
         Command::Flamegraph(args) => flamegraph::run(args),
+        Command::Completions { shell } => completions(shell),
     })
+}
+
+/// Writes the completion script of `shell` to stdout.
+fn completions(shell: clap_complete::Shell) -> Result<(), Failure> {
+    use clap::CommandFactory;
+    let mut out = io::stdout().lock();
+    clap_complete::generate(shell, &mut Cli::command(), "memsnap", &mut out);
+    out.flush()?;
+    Ok(())
 }
 
 /// Prints one error line for a file that could not be handled.

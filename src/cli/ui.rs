@@ -4,7 +4,25 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// No progress bars from now on (`--quiet`).
+pub fn quiet() {
+    QUIET.store(true, Ordering::Relaxed);
+}
+
+/// Where bars are drawn: stderr (indicatif hides them when it is not a terminal), or nowhere.
+fn target() -> ProgressDrawTarget {
+    if QUIET.load(Ordering::Relaxed) {
+        ProgressDrawTarget::hidden()
+    } else {
+        ProgressDrawTarget::stderr()
+    }
+}
 
 /// Files smaller than this load too fast for a progress bar to help.
 const MIN_BYTES_FOR_BAR: u64 = 16 << 20;
@@ -21,7 +39,7 @@ impl LoadProgress {
         if len < MIN_BYTES_FOR_BAR {
             return LoadProgress { bar: None };
         }
-        let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+        let bar = ProgressBar::with_draw_target(Some(len), target());
         let style = ProgressStyle::with_template("{msg} {wide_bar} {bytes}/{total_bytes} {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar());
         bar.set_style(style);
@@ -56,7 +74,7 @@ pub struct FilesProgress {
 impl FilesProgress {
     /// A bar for `n` files.
     pub fn new(n: u64) -> FilesProgress {
-        let bar = ProgressBar::with_draw_target(Some(n), ProgressDrawTarget::stderr());
+        let bar = ProgressBar::with_draw_target(Some(n), target());
         let style = ProgressStyle::with_template("reading snapshots {wide_bar} {pos}/{len} {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar());
         bar.set_style(style);
