@@ -9,5 +9,6 @@ mod real_world;
 mod report;
 mod scale;
 mod simulate;
+mod summaries;
 mod usability;
 mod util;

@@ -10,7 +10,7 @@ use crate::replay::{Replay, NONE, PREEXISTING};
 use crate::snapshot::{Action, Snapshot, StackId};
 
 /// A dimension to group memory by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Dimension {
     /// Memory category.
@@ -126,7 +126,7 @@ impl<'a> Keyer<'a> {
 }
 
 /// One group of a breakdown.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct Share {
     /// Group name.
     pub label: String,
@@ -269,7 +269,7 @@ pub fn group(keyer: &mut Keyer, d: Dimension, live: &[(u64, &Label, StackId)]) -
 
 /// One row of the per-step table: a contiguous stretch of the trace in one pipeline step (or,
 /// outside a pipeline, one phase of one training step).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct StepRow {
     /// Training step, from 0.
     pub train_step: u16,

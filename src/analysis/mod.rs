@@ -29,7 +29,7 @@ pub struct Options {
 }
 
 /// Where the peak happened: the labels of the allocation that reached it.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct PeakPlace {
     /// Pipeline step (or phase) text.
     pub step: String,
@@ -192,6 +192,26 @@ fn peak_place(snap: &Snapshot, r: &Replay, a: &Attribution) -> PeakPlace {
         site: frames::site(snap, events[owner].stack, 4),
         detail: a.names.get(l.detail).to_string(),
     }
+}
+
+/// `bins` equal ranges from the lowest to the highest value: `(from, to, count)`.
+pub fn histogram(values: &[u64], bins: usize) -> Vec<(u64, u64, usize)> {
+    let (Some(&lo), Some(&hi)) = (values.iter().min(), values.iter().max()) else {
+        return Vec::new();
+    };
+    let bins = bins.max(1);
+    let width = ((hi - lo) / bins as u64).max(1);
+    let mut out: Vec<(u64, u64, usize)> = (0..bins as u64)
+        .map(|b| (lo + b * width, lo + (b + 1) * width, 0))
+        .collect();
+    if let Some(last) = out.last_mut() {
+        last.1 = hi;
+    }
+    for &v in values {
+        let b = (((v - lo) / width) as usize).min(bins - 1);
+        out[b].2 += 1;
+    }
+    out
 }
 
 /// Makes a breakdown add up to `total`: with rounded sizes the series is anchored at the

@@ -23,7 +23,9 @@ use crate::replay::{Replay, NONE};
 use crate::snapshot::{Action, Snapshot};
 
 /// What an allocation is for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Category {
     /// Not determined.

@@ -156,7 +156,7 @@ fn facts(
 }
 
 /// Where the events' phases came from, counted over a device's events.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PhaseSources {
     /// `user_metadata` set with `torch.cuda.memory._set_memory_metadata`.
     pub metadata: u64,

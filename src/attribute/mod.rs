@@ -108,7 +108,9 @@ impl Names {
 }
 
 /// Broad phase of training an event belongs to.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     /// Not known.
@@ -211,7 +213,7 @@ impl Label {
 pub const AUTOGRAD_THREAD: &str = "backward (autograd thread)";
 
 /// Which rule set labelled a trace.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Preset {
     /// DualPipeV pipelines (pithtrain).
@@ -221,7 +223,7 @@ pub enum Preset {
 }
 
 /// How pipeline steps were found.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case", tag = "from")]
 pub enum StepSource {
     /// From the `# Step N` comments of this file.
@@ -234,7 +236,7 @@ pub enum StepSource {
 }
 
 /// What the pithtrain preset found.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct PipelineInfo {
     /// Something the user should know about how steps were found.
     pub note: Option<String>,

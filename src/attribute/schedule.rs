@@ -40,7 +40,7 @@ impl CallKind {
 }
 
 /// Pipeline shape of one rank.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Shape {
     /// Number of pipeline ranks `P`.
     pub ranks: u32,

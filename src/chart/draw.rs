@@ -884,3 +884,76 @@ fn shorten_left(s: &str, max: usize) -> String {
         format!("…{tail}")
     }
 }
+
+/// A histogram of per-rank peaks: ranks per range of peak allocated bytes.
+pub(super) fn histogram(
+    out: &Path,
+    format: Format,
+    peaks: &[u64],
+    title: &str,
+) -> Result<(), ChartError> {
+    register_font();
+    let size = (1200, 600);
+    match format {
+        Format::Png => {
+            let root = BitMapBackend::new(out, size).into_drawing_area();
+            histogram_on(&root, peaks, title)?;
+            root.present().map_err(drawing)
+        }
+        Format::Svg => {
+            let root = SVGBackend::new(out, size).into_drawing_area();
+            histogram_on(&root, peaks, title)?;
+            root.present().map_err(drawing)
+        }
+    }
+}
+
+fn histogram_on<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    peaks: &[u64],
+    title: &str,
+) -> Result<(), ChartError>
+where
+    DB::ErrorType: 'static,
+{
+    let err = drawing::<DB::ErrorType>;
+    root.fill(&WHITE).map_err(err)?;
+    let (head, body) = root.split_vertically(78);
+    let bins = crate::analysis::histogram(peaks, 20);
+    let most = bins.iter().map(|b| b.2).max().unwrap_or(1).max(1);
+    let (lo, hi) = (
+        bins.first().map_or(0.0, |b| b.0 as f64 / GIB),
+        bins.last().map_or(1.0, |b| b.1 as f64 / GIB),
+    );
+    let subtitle = format!(
+        "ranks per range of peak allocated memory · lowest {:.2} GiB, highest {:.2} GiB",
+        lo, hi
+    );
+    header(&head, title, &subtitle).map_err(err)?;
+    let span = (hi - lo).max(0.01);
+    let mut chart = ChartBuilder::on(&body)
+        .margin(20)
+        .x_label_area_size(50)
+        .y_label_area_size(60)
+        .build_cartesian_2d(lo..(lo + span), 0usize..(most + most / 10 + 1))
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("peak allocated, GiB")
+        .y_desc("ranks")
+        .label_style((FONT, 14))
+        .axis_desc_style((FONT, 16))
+        .x_label_formatter(&|v| format!("{v:.2}"))
+        .y_labels((most + 1).min(10))
+        .draw()
+        .map_err(err)?;
+    chart
+        .draw_series(bins.iter().map(|&(from, to, n)| {
+            Rectangle::new(
+                [(from as f64 / GIB, 0), (to as f64 / GIB, n)],
+                RGBColor(0x4c, 0x72, 0xb0).filled(),
+            )
+        }))
+        .map_err(err)?;
+    Ok(())
+}

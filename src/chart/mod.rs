@@ -169,3 +169,9 @@ pub fn timeline(
         .unwrap_or_else(|| default_title(file, &a.attribution));
     draw::render(out, format, a, options, &title).map_err(fail)
 }
+
+/// Draws a histogram of per-rank peaks (bytes) to `out` (PNG or SVG by extension).
+pub fn histogram(out: &Path, peaks: &[u64], title: &str) -> Result<(), ChartError> {
+    let format = check_output(out)?;
+    draw::histogram(out, format, peaks, title)
+}

@@ -10,7 +10,7 @@ use memsnap::chart;
 use memsnap::report::compare::{self, Pair, Profile, Ranks};
 use memsnap::report::{json, text, DeviceReport};
 
-use super::{ui, Failure, InputArgs, Tally};
+use super::{summaries, ui, Failure, InputArgs, Tally};
 
 /// Arguments of `memsnap compare`.
 #[derive(Debug, clap::Args)]
@@ -39,6 +39,15 @@ pub struct CompareArgs {
     pub recursive: bool,
     #[command(flatten)]
     pub input: InputArgs,
+}
+
+/// A summary of `memsnap report --json` (one object per line), not a snapshot.
+fn is_summary_name(p: &Path) -> bool {
+    let name = p
+        .file_name()
+        .map(|n| n.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    name.ends_with(".jsonl") || name.ends_with(".json")
 }
 
 fn is_snapshot_name(p: &Path) -> bool {
@@ -73,7 +82,7 @@ fn list_folder(dir: &Path, recursive: bool, found: &mut Vec<PathBuf>) -> io::Res
         let p = entry?.path();
         if p.is_dir() && recursive {
             list_folder(&p, recursive, found)?;
-        } else if p.is_file() && is_snapshot_name(&p) {
+        } else if p.is_file() && (is_snapshot_name(&p) || is_summary_name(&p)) {
             found.push(p);
         }
     }
@@ -172,7 +181,7 @@ pub fn run(args: CompareArgs) -> Result<(), Failure> {
             args.inputs[0].display()
         )));
     }
-    if files.len() == 1 && !any_dir {
+    if files.len() == 1 && !any_dir && !is_summary_name(&files[0]) {
         return Err(Failure::Usage(format!(
             "{}: give two files, or a folder, to compare",
             files[0].display()
@@ -186,6 +195,14 @@ pub fn run(args: CompareArgs) -> Result<(), Failure> {
         }
         None => None,
     };
+    if files.iter().any(|f| is_summary_name(f)) {
+        if !files.iter().all(|f| is_summary_name(f)) {
+            return Err(Failure::Usage(
+                "give snapshots or report summaries (.jsonl), not both".into(),
+            ));
+        }
+        return summaries::run(&files, &args);
+    }
     let pair_mode = files.len() == 2 && !any_dir;
     let mut tally = Tally::default();
     let (mut loaded, failures) = load_all(&files, &options, chart_options.as_ref(), &mut tally);

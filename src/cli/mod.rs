@@ -5,6 +5,7 @@
 mod compare;
 mod flamegraph;
 mod report;
+mod summaries;
 mod timeline;
 mod ui;
 mod whatif;

@@ -5,7 +5,7 @@ use std::io::{self, BufReader, Read};
 use std::path::Path;
 
 /// How an input file is compressed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Compression {
     /// Not compressed.

@@ -30,7 +30,7 @@ use crate::snapshot::{Action, Snapshot, StackId};
 use state::PRE;
 
 /// How bytes are counted.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SizeModel {
     /// Block sizes, as `torch.cuda.memory_allocated()` counts them.
@@ -44,7 +44,7 @@ pub enum SizeModel {
 pub const NONE: u32 = u32::MAX;
 
 /// The four memory figures at one moment, in bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Totals {
     /// Live block bytes (`memory_allocated()`).
     pub allocated: u64,
@@ -57,7 +57,7 @@ pub struct Totals {
 }
 
 /// The highest value of one figure and when it happened.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Peak {
     /// The value.
     pub bytes: u64,
@@ -68,7 +68,7 @@ pub struct Peak {
 }
 
 /// Peaks of the four figures.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Peaks {
     /// Peak allocated bytes.
     pub allocated: Peak,
@@ -81,7 +81,7 @@ pub struct Peaks {
 }
 
 /// Whether the trace holds the whole history since recording started.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct History {
     /// `free_requested` events of blocks allocated before the first event.
     pub frees_without_alloc: u64,
@@ -95,7 +95,7 @@ pub struct History {
 }
 
 /// Did the replay land exactly on the snapshot's state?
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EndCheck {
     /// Every live block matched, and allocated and reserved totals are equal.
     pub consistent: bool,
@@ -116,7 +116,7 @@ pub struct EndCheck {
 }
 
 /// An allocation that failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Oom {
     /// Index of the `oom` event.
     pub event: usize,

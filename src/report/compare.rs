@@ -15,7 +15,7 @@ use super::DeviceReport;
 use crate::analysis::{PeakPlace, Share};
 
 /// One snapshot (one device of it), summarised for comparison.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct Profile {
     /// The file as given.
     pub file: String,
@@ -50,6 +50,7 @@ pub fn rank_from_name(name: &str) -> Option<u32> {
 /// the name gives no rank; `· device 1` added where one file gives several devices; the
 /// shortest distinguishing end of the path added where two files would read the same.
 pub fn display_names(profiles: &[&Profile]) -> Vec<String> {
+    use std::collections::HashMap;
     let files: Vec<&str> = profiles.iter().map(|p| p.file.as_str()).collect();
     let short = short_paths(&files);
     let base: Vec<String> = profiles
@@ -60,30 +61,32 @@ pub fn display_names(profiles: &[&Profile]) -> Vec<String> {
             None => s.clone(),
         })
         .collect();
+    // profiles by base name: (files, devices of each file)
+    let mut same: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, b) in base.iter().enumerate() {
+        same.entry(b.as_str()).or_default().push(i);
+    }
     let mut names = Vec::with_capacity(profiles.len());
     for (i, p) in profiles.iter().enumerate() {
+        let twins = &same[base[i].as_str()];
         let mut name = base[i].clone();
-        let twins: Vec<usize> = (0..profiles.len())
-            .filter(|&j| j != i && base[j] == base[i])
-            .collect();
-        if twins.iter().any(|&j| profiles[j].file != p.file) && p.rank.is_some() {
+        if p.rank.is_some() && twins.iter().any(|&j| profiles[j].file != p.file) {
             name = format!("{name} ({})", short[i]);
         }
-        if twins
-            .iter()
-            .any(|&j| profiles[j].file == p.file && profiles[j].report.device != p.report.device)
-        {
+        if twins.iter().any(|&j| {
+            j != i && profiles[j].file == p.file && profiles[j].report.device != p.report.device
+        }) {
             name = format!("{name} · device {}", p.report.device);
         }
         names.push(name);
     }
     // the same file and device given more than once: number them
-    for i in 0..names.len() {
-        let later: Vec<usize> = (i + 1..names.len())
-            .filter(|&j| names[j] == names[i])
-            .collect();
-        for (k, j) in later.into_iter().enumerate() {
-            names[j] = format!("{} #{}", names[j], k + 2);
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for name in &mut names {
+        let n = seen.entry(name.clone()).or_insert(0);
+        *n += 1;
+        if *n > 1 {
+            *name = format!("{name} #{n}");
         }
     }
     names
@@ -91,27 +94,49 @@ pub fn display_names(profiles: &[&Profile]) -> Vec<String> {
 
 /// For each path, the fewest trailing components that no other (different) path ends with.
 pub fn short_paths(files: &[&str]) -> Vec<String> {
+    use std::collections::{HashMap, HashSet};
     let parts: Vec<Vec<&str>> = files
         .iter()
         .map(|f| f.split(['/', '\\']).filter(|c| !c.is_empty()).collect())
         .collect();
-    (0..files.len())
-        .map(|i| {
-            let p = &parts[i];
-            let unique = |n: usize| {
-                let end = &p[p.len() - n..];
-                (0..files.len()).all(|j| files[j] == files[i] || !parts[j].ends_with(end))
-            };
-            match (1..=p.len()).find(|&n| unique(n)) {
-                Some(n) => p[p.len() - n..].join("/"),
-                None => files[i].to_string(),
+    let mut out = vec![String::new(); files.len()];
+    let mut pending: Vec<usize> = (0..files.len()).collect();
+    let mut n = 1;
+    while !pending.is_empty() {
+        // how many different files end with each tail of n components
+        let mut tails: HashMap<String, HashSet<&str>> = HashMap::new();
+        for (k, p) in parts.iter().enumerate() {
+            let tail = p[p.len().saturating_sub(n)..].join("/");
+            tails.entry(tail).or_default().insert(files[k]);
+        }
+        let mut still = Vec::new();
+        for &k in &pending {
+            let p = &parts[k];
+            let tail = p[p.len().saturating_sub(n)..].join("/");
+            if tails[&tail].len() == 1 || n >= p.len() {
+                out[k] = if n >= p.len() && tails[&tail].len() > 1 {
+                    files[k].to_string()
+                } else {
+                    tail
+                };
+            } else {
+                still.push(k);
             }
-        })
-        .collect()
+        }
+        pending = still;
+        n += 1;
+        if n > 64 {
+            for &k in &pending {
+                out[k] = files[k].to_string();
+            }
+            break;
+        }
+    }
+    out
 }
 
 /// One label's bytes at both peaks.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct Diff {
     /// Group name.
     pub label: String,
@@ -124,7 +149,7 @@ pub struct Diff {
 }
 
 /// One pipeline step (or phase) in both snapshots.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct StepPair {
     /// Step name.
     pub label: String,
@@ -139,7 +164,7 @@ pub struct StepPair {
 }
 
 /// The short identity of a compared snapshot.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct Side {
     /// How the tables name it (see [`display_names`]).
     pub name: String,
@@ -172,7 +197,7 @@ impl Side {
 }
 
 /// Two snapshots compared.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct Pair {
     /// The first snapshot.
     pub a: Side,
@@ -184,7 +209,7 @@ pub struct Pair {
     pub peak_reserved_diff_bytes: i64,
     /// Differences of the memory live at the peaks, per dimension (`category`, `step`, `op`,
     /// `stage`, `phase`), largest difference first.
-    pub breakdown: BTreeMap<&'static str, Vec<Diff>>,
+    pub breakdown: BTreeMap<String, Vec<Diff>>,
     /// Allocation sites with more bytes live at the second peak, largest first.
     pub sites_more_in_b: Vec<Diff>,
     /// Allocation sites with more bytes live at the first peak, largest first.
@@ -227,7 +252,7 @@ impl Pair {
             let empty = Vec::new();
             let x = a.report.peak_breakdown.get(dim).unwrap_or(&empty);
             let y = b.report.peak_breakdown.get(dim).unwrap_or(&empty);
-            breakdown.insert(dim, diffs(x, y));
+            breakdown.insert(dim.to_string(), diffs(x, y));
         }
         let sites = diffs(&a.report.top_sites, &b.report.top_sites);
         let sites_more_in_b = sites.iter().filter(|d| d.diff_bytes > 0).cloned().collect();
@@ -287,6 +312,27 @@ impl Pair {
     }
 }
 
+impl Ranks {
+    /// The peaks of the rows that have one, in row order.
+    pub fn peaks(&self) -> Vec<u64> {
+        self.rows
+            .iter()
+            .filter_map(|r| r.peak_allocated_bytes)
+            .collect()
+    }
+
+    /// The same table with only the rows `keep` (indices, in order).
+    pub fn subset(&self, keep: &[usize]) -> Ranks {
+        let find = |i: Option<usize>| i.and_then(|i| keep.iter().position(|&k| k == i));
+        Ranks {
+            rows: keep.iter().map(|&k| self.rows[k].clone()).collect(),
+            highest: find(self.highest),
+            lowest: find(self.lowest),
+            why: self.why.clone(),
+        }
+    }
+}
+
 impl Pair {
     /// The same comparison seen from the other side: `a` and `b` exchanged, differences
     /// negated.
@@ -305,7 +351,7 @@ impl Pair {
             breakdown: self
                 .breakdown
                 .iter()
-                .map(|(k, v)| (*k, v.iter().map(flip).collect()))
+                .map(|(k, v)| (k.clone(), v.iter().map(flip).collect()))
                 .collect(),
             sites_more_in_b: self.sites_more_in_a.iter().map(flip).collect(),
             sites_more_in_a: self.sites_more_in_b.iter().map(flip).collect(),
@@ -342,7 +388,7 @@ fn step_order(label: &str) -> (u32, u32, String) {
 }
 
 /// Many snapshots, one row each.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct Ranks {
     /// One row per file (and device), by rank.
     pub rows: Vec<RankRow>,
@@ -356,8 +402,11 @@ pub struct Ranks {
 }
 
 /// One rank of a [`Ranks`] table.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct RankRow {
+    /// Pipeline rank, when the pipeline's shape was found.
+    #[serde(default)]
+    pub pipeline_rank: Option<u32>,
     /// How the table names it (see [`display_names`]).
     pub name: String,
     /// Rank from the file name, or the position in the order given.
@@ -394,6 +443,13 @@ impl Ranks {
         let mut rows: Vec<(RankRow, Option<usize>)> = Vec::new();
         for (k, ((i, p), name)) in profiles.iter().zip(names).enumerate() {
             let row = RankRow {
+                pipeline_rank: p
+                    .report
+                    .attribution
+                    .pipeline
+                    .as_ref()
+                    .and_then(|x| x.shape)
+                    .map(|s| s.rank),
                 name,
                 rank: p.rank.unwrap_or(*i as u32),
                 rank_from_name: p.rank.is_some(),
@@ -417,6 +473,7 @@ impl Ranks {
         for ((i, file, message), name) in failures.into_iter().zip(short) {
             let rank = rank_from_name(&file);
             let row = RankRow {
+                pipeline_rank: None,
                 name: rank.map_or(name, |r| format!("rank {r}")),
                 rank: rank.unwrap_or(i as u32),
                 rank_from_name: rank.is_some(),

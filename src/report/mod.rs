@@ -23,7 +23,7 @@ use crate::snapshot::{BlockState, Snapshot, SourceInfo};
 pub const TOP_SITES: usize = 50;
 
 /// How the trace was labelled.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct AttributionSummary {
     /// The preset used.
     pub preset: Preset,
@@ -34,7 +34,7 @@ pub struct AttributionSummary {
 }
 
 /// Which stacks the recording kept.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StackKind {
     /// No event has frames (`context=None`, or `enabled="state"`).
@@ -60,7 +60,7 @@ impl StackKind {
 }
 
 /// Everything the report says about one device.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct DeviceReport {
     /// Device ordinal (a pipeline rank records on its own GPU: rank 1 is device 1).
     pub device: u32,
@@ -129,7 +129,7 @@ pub struct DeviceReport {
     pub peak: PeakPlace,
     /// Bytes live at the peak, per dimension (`category`, `step`, `op`, `stage`, `phase`,
     /// `annotation`), largest first.
-    pub peak_breakdown: BTreeMap<&'static str, Vec<Share>>,
+    pub peak_breakdown: BTreeMap<String, Vec<Share>>,
     /// Allocation sites live at the peak, largest first.
     pub top_sites: Vec<Share>,
     /// One row per pipeline step (or phase) in time order.
@@ -137,7 +137,7 @@ pub struct DeviceReport {
 }
 
 /// Everything the report says about one file.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct FileReport {
     /// The file as given on the command line.
     pub file: String,
@@ -221,7 +221,7 @@ impl DeviceReport {
             .peak_breakdown
             .iter()
             .filter(|(d, _)| *d != Dimension::Site)
-            .map(|(d, shares)| (d.as_str(), shares.clone()))
+            .map(|(d, shares)| (d.as_str().to_string(), shares.clone()))
             .collect();
         let top_sites = a
             .peak_shares(Dimension::Site)

@@ -11,7 +11,7 @@ use crate::analysis::{breakdown, DeviceAnalysis, Dimension, Share};
 use crate::simulate::{self, model::allocation_size, AllocConf, Options, Program};
 
 /// Why the allocation failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// The cache held enough free bytes, but in pieces too small for the request.
@@ -45,7 +45,7 @@ pub struct OomOptions {
 }
 
 /// One failure explained.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct OomExplanation {
     /// The `oom` trace event.
     pub event: usize,
@@ -80,7 +80,7 @@ pub struct OomExplanation {
     /// on a cap the snapshot does not record.
     pub short_by_bytes: Option<u64>,
     /// Bytes live at the failure by category, step, op and stage, largest first.
-    pub live: BTreeMap<&'static str, Vec<Share>>,
+    pub live: BTreeMap<String, Vec<Share>>,
     /// Allocation sites live at the failure, largest first.
     pub top_sites: Vec<Share>,
     /// Simulations under other settings, with the same cap.
@@ -162,7 +162,10 @@ pub fn explain(a: &DeviceAnalysis, options: &OomOptions) -> Option<OomExplanatio
         Dimension::Op,
         Dimension::Stage,
     ] {
-        by.insert(d.as_str(), breakdown::group(&mut keyer, d, &live));
+        by.insert(
+            d.as_str().to_string(),
+            breakdown::group(&mut keyer, d, &live),
+        );
     }
     let mut top_sites = breakdown::group(&mut keyer, Dimension::Site, &live);
     top_sites.truncate(super::TOP_SITES);
@@ -239,7 +242,7 @@ fn alternatives(recorded: &AllocConf) -> Vec<AllocConf> {
 }
 
 /// `memsnap oom` for one file.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct OomReport {
     /// The file as given.
     pub file: String,
@@ -248,7 +251,7 @@ pub struct OomReport {
 }
 
 /// One device's failure, if any.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct DeviceOom {
     /// Device ordinal.
     pub device: u32,

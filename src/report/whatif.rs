@@ -52,7 +52,7 @@ pub struct RecordedOom {
 }
 
 /// One setting simulated.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct Scenario {
     /// The simulation's figures.
     #[serde(flatten)]

@@ -46,7 +46,7 @@ pub struct Options {
 }
 
 /// An allocation that failed in the simulation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct SimOom {
     /// The trace event of the request (`null` in JSON never: before the trace is event 0).
     pub event: usize,
@@ -65,7 +65,7 @@ pub struct SimOom {
 }
 
 /// The result of one simulation.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct Outcome {
     /// Settings simulated, as a `PYTORCH_CUDA_ALLOC_CONF` string.
     pub alloc_conf: String,
@@ -225,7 +225,7 @@ fn run_ops(m: &mut Model, program: &Program, out: &mut Outcome) {
 }
 
 /// How closely the simulation under the recorded settings reproduces the recorded run.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct SelfCheck {
     /// Simulation equal to the recorded run in every figure compared.
     pub exact: bool,

@@ -22,7 +22,7 @@ use crate::pickle::Compression;
 pub use crate::pickle::StrId;
 
 /// What an allocator trace entry records.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Action {
     /// A block was handed to the program (`size` = requested bytes).
@@ -105,7 +105,7 @@ pub struct TraceEvent {
 }
 
 /// State of a block at snapshot time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BlockState {
     /// Handed to the program.
@@ -132,7 +132,7 @@ pub struct Block {
 }
 
 /// Which pool a segment belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SegmentType {
     /// 2 MiB segments for requests up to 1 MiB.
@@ -165,7 +165,7 @@ pub struct Segment {
 }
 
 /// Start or end of a `record_function` range.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Stage {
     /// The range was entered.
@@ -188,7 +188,7 @@ pub struct Annotation {
 }
 
 /// The allocator configuration at snapshot time (torch 2.3+).
-#[derive(Clone, Debug, PartialEq, Default, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct AllocatorSettings {
     /// `PYTORCH_CUDA_ALLOC_CONF` as last set.
     pub alloc_conf: String,
@@ -207,7 +207,7 @@ pub struct AllocatorSettings {
 }
 
 /// Where a snapshot came from and how it was encoded.
-#[derive(Clone, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct SourceInfo {
     /// Pickle protocol (0 or 1 when the file has no PROTO opcode).
     pub protocol: u8,

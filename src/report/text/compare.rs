@@ -359,3 +359,98 @@ fn write_why(out: &mut dyn Write, why: &Pair, top: usize) -> io::Result<()> {
         top.min(4),
     )
 }
+
+/// The most rows a rank table shows whole; beyond, the highest and lowest ten.
+const MAX_ROWS: usize = 40;
+
+/// Many ranks: the table (or, beyond [`MAX_ROWS`], its ten highest and ten lowest rows), the
+/// spread of the peaks, the pipeline ranks' spread across replicas, and why the highest rank
+/// peaks above the lowest.
+pub fn write_many(out: &mut dyn Write, ranks: &Ranks, top: usize) -> io::Result<()> {
+    let peaks = ranks.peaks();
+    if ranks.rows.len() > MAX_ROWS {
+        let mut order: Vec<usize> = (0..ranks.rows.len())
+            .filter(|&i| ranks.rows[i].peak_allocated_bytes.is_some())
+            .collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(ranks.rows[i].peak_allocated_bytes));
+        let mut keep: Vec<usize> = order.iter().take(10).copied().collect();
+        keep.extend(order.iter().rev().take(10).rev().copied());
+        keep.extend((0..ranks.rows.len()).filter(|&i| ranks.rows[i].error.is_some()));
+        keep.sort_unstable();
+        keep.dedup();
+        writeln!(
+            out,
+            "  {} ranks; the ten highest and the ten lowest peaks (--json for all):",
+            units::count(ranks.rows.len() as u64)
+        )?;
+        writeln!(out)?;
+        write_ranks(out, &ranks.subset(&keep), top)?;
+    } else {
+        write_ranks(out, ranks, top)?;
+    }
+    write_spread(out, &peaks)?;
+    write_pipeline_groups(out, ranks)
+}
+
+/// A text histogram of the peaks.
+fn write_spread(out: &mut dyn Write, peaks: &[u64]) -> io::Result<()> {
+    if peaks.len() < 3 {
+        return Ok(());
+    }
+    let bins = crate::analysis::histogram(peaks, 10);
+    let most = bins.iter().map(|b| b.2).max().unwrap_or(1).max(1);
+    writeln!(out)?;
+    writeln!(
+        out,
+        "  peak allocated across {} ranks:",
+        units::count(peaks.len() as u64)
+    )?;
+    for (from, to, n) in bins {
+        let bar = "█".repeat((n * 40).div_ceil(most));
+        let line = format!(
+            "  {:>10} – {:>10}  {:>6}  {bar}",
+            units::bytes(from),
+            units::bytes(to),
+            units::count(n as u64)
+        );
+        writeln!(out, "{}", line.trim_end())?;
+    }
+    Ok(())
+}
+
+/// Per pipeline rank (when shapes were found and more than one replica shares one): replicas,
+/// lowest and highest peak.
+fn write_pipeline_groups(out: &mut dyn Write, ranks: &Ranks) -> io::Result<()> {
+    use std::collections::BTreeMap;
+    let mut by: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for r in &ranks.rows {
+        if let (Some(p), Some(peak)) = (r.pipeline_rank, r.peak_allocated_bytes) {
+            by.entry(p).or_default().push(peak);
+        }
+    }
+    if by.len() < 2 || by.values().all(|v| v.len() < 2) {
+        return Ok(());
+    }
+    let mut t = table(&[
+        "pipeline rank",
+        "replicas",
+        "lowest peak",
+        "highest peak",
+        "spread",
+    ]);
+    for (p, peaks) in by {
+        let (lo, hi) = (
+            *peaks.iter().min().unwrap_or(&0),
+            *peaks.iter().max().unwrap_or(&0),
+        );
+        t.add_row(vec![
+            p.to_string(),
+            units::count(peaks.len() as u64),
+            units::bytes(lo),
+            units::bytes(hi),
+            units::bytes(hi - lo),
+        ]);
+    }
+    writeln!(out)?;
+    writeln!(out, "{}", indented(&t, "  "))
+}

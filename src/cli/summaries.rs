@@ -1,0 +1,83 @@
+//! `memsnap compare summaries/*.jsonl`: many ranks compared from the JSON that
+//! `memsnap report --json` wrote where the snapshots live, without reading a pickle.
+
+use std::io::{self, BufRead, BufWriter, Write};
+use std::path::PathBuf;
+
+use rayon::prelude::*;
+
+use memsnap::report::compare::{rank_from_name, Profile, Ranks};
+use memsnap::report::{json, text, FileReport};
+
+use super::compare::CompareArgs;
+use super::{Failure, Tally};
+
+/// Reads every summary (in parallel), then prints the rank table, the spread of the peaks and
+/// why the highest peaks above the lowest.
+pub fn run(files: &[PathBuf], args: &CompareArgs) -> Result<(), Failure> {
+    let mut tally = Tally::default();
+    let read: Vec<Result<Vec<FileReport>, memsnap::Error>> =
+        files.par_iter().map(|f| read_summary(f)).collect();
+    let mut profiles = Vec::new();
+    let mut failures = Vec::new();
+    for (file, result) in files.iter().zip(read) {
+        match result {
+            Ok(reports) => {
+                for r in reports {
+                    let rank = rank_from_name(&r.file);
+                    for d in r.devices.into_iter().filter(|d| d.events > 0) {
+                        let position = profiles.len();
+                        profiles.push((position, Profile::new(&r.file, rank, d)));
+                    }
+                }
+            }
+            Err(e) => {
+                tally.complain(&e);
+                failures.push((
+                    profiles.len(),
+                    file.display().to_string(),
+                    e.kind.to_string(),
+                ));
+            }
+        }
+    }
+    let ranks = Ranks::new(profiles, failures);
+    let stdout = io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    if args.json {
+        json::write_ranks(&mut out, &ranks)?;
+    } else {
+        text::as_markdown(args.markdown, || {
+            text::compare::write_many(&mut out, &ranks, args.top)
+        })?;
+    }
+    out.flush()?;
+    if let Some(png) = &args.png {
+        let title = format!("peak allocated of {} ranks", ranks.peaks().len());
+        memsnap::chart::histogram(png, &ranks.peaks(), &title)
+            .map_err(|e| memsnap::Error::new(png, memsnap::ErrorKind::Chart(e)))?;
+        eprintln!("memsnap: wrote {}", png.display());
+    }
+    tally.finish()
+}
+
+/// The reports of one summary file, one JSON object per line.
+fn read_summary(path: &std::path::Path) -> Result<Vec<FileReport>, memsnap::Error> {
+    let fail = |kind| memsnap::Error::new(path, kind);
+    let file = std::fs::File::open(path).map_err(|e| fail(memsnap::ErrorKind::Io(e)))?;
+    let mut out = Vec::new();
+    for (n, line) in io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| fail(memsnap::ErrorKind::Io(e)))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let report: FileReport = serde_json::from_str(&line).map_err(|e| {
+            fail(memsnap::ErrorKind::NotASnapshot(format!(
+                "line {}: not a memsnap report summary ({e})",
+                n + 1
+            )))
+        })?;
+        out.push(report);
+    }
+    Ok(out)
+}
