@@ -33,6 +33,7 @@ pub mod analysis;
 pub mod attribute;
 pub mod chart;
 mod error;
+pub mod export;
 pub mod pickle;
 pub mod replay;
 pub mod report;

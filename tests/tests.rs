@@ -10,5 +10,6 @@ mod report;
 mod scale;
 mod simulate;
 mod summaries;
+mod trim;
 mod usability;
 mod util;

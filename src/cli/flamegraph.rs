@@ -52,6 +52,28 @@ fn parse_moment(s: &str) -> Result<Moment, String> {
     Moment::parse(s).ok_or_else(|| format!("{s:?}: use peak, end, #EVENT or SECONDS s (e.g. 3.2s)"))
 }
 
+/// The device asked for, which must have events, or the first device with events.
+pub(super) fn pick_device(
+    snap: &memsnap::snapshot::Snapshot,
+    asked: Option<u32>,
+    file: &std::path::Path,
+) -> Result<u32, Failure> {
+    let devices: Vec<u32> = snap.devices_with_events().collect();
+    match asked {
+        Some(d) if devices.contains(&d) => Ok(d),
+        Some(d) => Err(Failure::Usage(format!(
+            "{}: device {d} has no events",
+            file.display()
+        ))),
+        None => Ok(*devices.first().ok_or_else(|| {
+            memsnap::Error::new(
+                file,
+                memsnap::ErrorKind::NoDevice("no device has trace events".into()),
+            )
+        })?),
+    }
+}
+
 pub fn run(args: FlamegraphArgs) -> Result<(), Failure> {
     let fail = |e| memsnap::Error::new(&args.output, memsnap::ErrorKind::Chart(e));
     if !args.folded && args.output.extension().and_then(|e| e.to_str()) != Some("svg") {
@@ -69,22 +91,7 @@ pub fn run(args: FlamegraphArgs) -> Result<(), Failure> {
     }
     let options = args.input.analysis()?;
     let snap = load(&args.file)?;
-    let devices: Vec<u32> = snap.devices_with_events().collect();
-    let device = match args.device {
-        Some(d) if devices.contains(&d) => d,
-        Some(d) => {
-            return Err(Failure::Usage(format!(
-                "{}: device {d} has no events",
-                args.file.display()
-            )))
-        }
-        None => *devices.first().ok_or_else(|| {
-            memsnap::Error::new(
-                &args.file,
-                memsnap::ErrorKind::NoDevice("no device has trace events".into()),
-            )
-        })?,
-    };
+    let device = pick_device(&snap, args.device, &args.file)?;
     let a = memsnap::analysis::analyse_device(&snap, device, &options);
     let at = args
         .at

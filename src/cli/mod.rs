@@ -7,6 +7,7 @@ mod flamegraph;
 mod report;
 mod summaries;
 mod timeline;
+mod trim;
 mod ui;
 mod whatif;
 
@@ -50,6 +51,8 @@ enum Command {
     Oom(whatif::OomArgs),
     /// Draw the memory live at one moment as a flamegraph (SVG), or print its folded stacks.
     Flamegraph(flamegraph::FlamegraphArgs),
+    /// Cut a snapshot down to a window of its trace (around the peak, or between two moments).
+    Trim(trim::TrimArgs),
     /// Print a shell completion script (bash, zsh, fish, powershell, elvish).
     #[command(
         after_help = "Example:\n  memsnap completions bash > ~/.local/share/bash-completion/completions/memsnap"
@@ -244,6 +247,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Whatif(args) => whatif::run_whatif(args),
         Command::Oom(args) => whatif::run_oom(args),
         Command::Flamegraph(args) => flamegraph::run(args),
+        Command::Trim(args) => trim::run(args),
         Command::Completions { shell } => completions(shell),
     })
 }

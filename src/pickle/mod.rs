@@ -41,11 +41,13 @@ mod reader;
 pub mod source;
 mod value;
 mod vm;
+pub mod writer;
 
 pub use error::{DecodeError, DecodeErrorKind, FieldError};
 pub use source::Compression;
 pub use value::{Heap, Ref, StrId, Value};
 pub use vm::{decode, decode_with, Adopter, Decoded, KeepAll, Limits};
+pub use writer::PickleWriter;
 
 #[cfg(test)]
 mod tests;

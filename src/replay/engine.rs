@@ -155,8 +155,13 @@ impl<'a> Replayer<'a> {
                 frees_without_alloc += 1;
             }
             let end_stack = live_at_end.get(&addr).copied();
-            // The block's real size is unknown; its rounded request is the best estimate.
-            let size = self.rules.round(e.size);
+            // The block's real size is unknown unless the file records it; otherwise its
+            // rounded request is the best estimate.
+            let size = if e.block_surplus > 0 {
+                e.size + u64::from(e.block_surplus)
+            } else {
+                self.rules.round(e.size)
+            };
             pre.push((
                 addr,
                 size,

@@ -15,6 +15,7 @@ fn ev(action: Action, addr: u64, size: u64) -> TraceEvent {
         compile_context: StrId(0),
         user_metadata: StrId(0),
         forward_frames: 0,
+        block_surplus: 0,
         action,
     }
 }

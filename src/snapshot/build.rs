@@ -31,7 +31,7 @@ pub struct LoadOptions {
 
 /// The keys the builder looks for. They are interned first, in this order, into a fresh
 /// heap, so key `i` has `StrId(i)` and a field is found with one `match` on the id.
-const KEYS: [&str; 14] = [
+const KEYS: [&str; 15] = [
     "",
     "action",
     "addr",
@@ -46,6 +46,7 @@ const KEYS: [&str; 14] = [
     "name",
     "filename",
     "line",
+    "block_size",
 ];
 const K_EMPTY: u32 = 0;
 const K_ACTION: u32 = 1;
@@ -61,6 +62,7 @@ const K_FORWARD_FRAMES: u32 = 10;
 const K_NAME: u32 = 11;
 const K_FILENAME: u32 = 12;
 const K_LINE: u32 = 13;
+const K_BLOCK_SIZE: u32 = 14;
 
 /// The VM hook that turns frames, stacks and trace entries into rows as they complete.
 pub(crate) struct EntryCompactor {
@@ -170,14 +172,17 @@ impl EntryCompactor {
             compile_context: empty,
             user_metadata: empty,
             forward_frames: 0,
+            block_surplus: 0,
             action: Action::Unknown,
         };
+        let mut block_size = None;
         for &(key, val) in heap.dict(d) {
             let Value::Str(key) = key else { continue };
             match key.0 {
                 K_ACTION => ev.action = self.action_of(heap, val),
                 K_ADDR | K_DEVICE_FREE => ev.addr = unsigned(heap, val, "trace entry addr")?,
                 K_SIZE => ev.size = unsigned(heap, val, "trace entry size")?,
+                K_BLOCK_SIZE => block_size = Some(unsigned(heap, val, "trace entry block_size")?),
                 K_STREAM => ev.stream = signed(heap, val, "trace entry stream")?,
                 K_TIME_US => ev.time_us = signed(heap, val, "trace entry time_us")?,
                 K_FRAMES => ev.stack = self.stack_of(heap, val).unwrap_or(StackId::EMPTY),
@@ -198,6 +203,9 @@ impl EntryCompactor {
         }
         if ev.action == Action::Unknown {
             self.unknown_actions += 1;
+        }
+        if let Some(block) = block_size {
+            ev.block_surplus = u32::try_from(block.saturating_sub(ev.size)).unwrap_or(u32::MAX);
         }
         Ok(ev)
     }

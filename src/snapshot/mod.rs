@@ -100,6 +100,10 @@ pub struct TraceEvent {
     pub user_metadata: StrId,
     /// 1 + index into [`Snapshot::forward_frames`] (anomaly mode), or 0.
     pub forward_frames: u32,
+    /// For a free: the bytes its block held beyond the request, when the file records the
+    /// block's size (`block_size`, which `memsnap trim` writes on frees of blocks allocated
+    /// before its window); else 0. PyTorch does not record it.
+    pub block_surplus: u32,
     /// What happened.
     pub action: Action,
 }
