@@ -4,6 +4,7 @@ mod attribution;
 mod chart;
 mod compare;
 mod errors;
+mod export;
 mod flamegraph;
 mod real_world;
 mod report;

@@ -3,6 +3,7 @@
 //! `Result<(), Failure>`, and [`exit_code`] alone turns that into the process's exit code.
 
 mod compare;
+mod export;
 mod flamegraph;
 mod report;
 mod summaries;
@@ -51,6 +52,8 @@ enum Command {
     Oom(whatif::OomArgs),
     /// Draw the memory live at one moment as a flamegraph (SVG), or print its folded stacks.
     Flamegraph(flamegraph::FlamegraphArgs),
+    /// Export the analysis as tables (events, blocks, steps, peak): Parquet, CSV or JSON lines.
+    Export(export::ExportArgs),
     /// Cut a snapshot down to a window of its trace (around the peak, or between two moments).
     Trim(trim::TrimArgs),
     /// Print a shell completion script (bash, zsh, fish, powershell, elvish).
@@ -248,6 +251,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Oom(args) => whatif::run_oom(args),
         Command::Flamegraph(args) => flamegraph::run(args),
         Command::Trim(args) => trim::run(args),
+        Command::Export(args) => export::run(args),
         Command::Completions { shell } => completions(shell),
     })
 }

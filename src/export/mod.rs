@@ -1,6 +1,12 @@
-//! Export: snapshots written back out. [`trim`] cuts a snapshot down to a window of its trace
-//! and writes it as a pickle that PyTorch's viewer, Python's `pickle.load` and memsnap read.
+//! Export: the analysis and the snapshot written back out.
 //!
-//! This stage reads the model and the replay; no other stage reads it.
+//! - [`tables`]: the events, blocks, steps and peak tables (`memsnap export`), as JSON lines,
+//!   or as Parquet and CSV through polars ([`parquet`], the `export` feature);
+//! - [`trim`]: a window of the trace as a snapshot pickle of its own (`memsnap trim`).
+//!
+//! This stage reads the model, the replay and the analysis; no other stage reads it.
 
+#[cfg(feature = "export")]
+pub mod parquet;
+pub mod tables;
 pub mod trim;

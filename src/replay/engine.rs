@@ -9,6 +9,7 @@ use crate::snapshot::{BlockState, TraceEvent};
 struct Recording {
     t: Totals,
     allocated: Vec<u64>,
+    requested: Vec<u64>,
     reserved_changes: Vec<(u32, u64)>,
     bytes: Vec<u64>,
     partner: Vec<u32>,
@@ -27,6 +28,7 @@ impl Recording {
         Recording {
             t: start,
             allocated: Vec::with_capacity(n),
+            requested: Vec::with_capacity(n),
             reserved_changes: Vec::new(),
             bytes: vec![0; n],
             partner: vec![NONE; n],
@@ -50,6 +52,7 @@ impl Recording {
         bump(&mut self.peaks.active, t.active, i, offset);
         bump(&mut self.peaks.reserved, t.reserved, i, offset);
         self.allocated.push(t.allocated);
+        self.requested.push(t.requested);
         let last = self
             .reserved_changes
             .last()
@@ -246,6 +249,7 @@ impl<'a> Replayer<'a> {
             device: self.device,
             model: self.model,
             allocated: rec.allocated,
+            requested: rec.requested,
             reserved_changes: rec.reserved_changes,
             bytes: rec.bytes,
             partner: rec.partner,

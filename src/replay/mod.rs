@@ -156,6 +156,8 @@ pub struct Replay {
     pub model: SizeModel,
     /// Allocated bytes after each event.
     pub allocated: Vec<u64>,
+    /// Requested bytes after each event.
+    pub requested: Vec<u64>,
     /// Reserved bytes as `(event, bytes after it)` for each event that changed them, in order
     /// (segments change rarely, so this is much shorter than the trace).
     pub reserved_changes: Vec<(u32, u64)>,

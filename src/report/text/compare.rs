@@ -363,7 +363,7 @@ fn write_why(out: &mut dyn Write, why: &Pair, top: usize) -> io::Result<()> {
 /// The most rows a rank table shows whole; beyond, the highest and lowest ten.
 const MAX_ROWS: usize = 40;
 
-/// Many ranks: the table (or, beyond [`MAX_ROWS`], its ten highest and ten lowest rows), the
+/// Many ranks: the table (or, beyond 40 rows, its ten highest and ten lowest rows), the
 /// spread of the peaks, the pipeline ranks' spread across replicas, and why the highest rank
 /// peaks above the lowest.
 pub fn write_many(out: &mut dyn Write, ranks: &Ranks, top: usize) -> io::Result<()> {

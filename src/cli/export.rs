@@ -1,0 +1,134 @@
+//! `memsnap export FILE -o DIR`: the events, blocks, steps and peak tables as files.
+
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use memsnap::export::tables::{self, Table};
+use memsnap::units;
+
+use super::{load, Failure, InputArgs};
+
+/// File format of the tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Apache Parquet (zstd), typed columns.
+    Parquet,
+    /// Comma-separated values with a header line.
+    Csv,
+    /// One JSON object per row.
+    Jsonl,
+}
+
+impl Format {
+    fn extension(self) -> &'static str {
+        match self {
+            Format::Parquet => "parquet",
+            Format::Csv => "csv",
+            Format::Jsonl => "jsonl",
+        }
+    }
+}
+
+/// Arguments of `memsnap export`.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  memsnap export rank0.pickle.xz -o tables/\n  \
+                        python -c 'import polars; print(polars.read_parquet(\"tables/events.parquet\"))'\n  \
+                        memsnap export rank0.pickle.xz -o tables/ --format csv"
+)]
+pub struct ExportArgs {
+    /// Snapshot file.
+    pub file: PathBuf,
+    /// Output folder (created if its parent exists).
+    #[arg(short, long, value_name = "DIR")]
+    pub output: PathBuf,
+    /// File format.
+    #[arg(long, value_enum, default_value_t = Format::Parquet)]
+    pub format: Format,
+    /// Only this device (default: every device with events).
+    #[arg(long)]
+    pub device: Option<u32>,
+    #[command(flatten)]
+    pub input: InputArgs,
+}
+
+pub fn run(args: ExportArgs) -> Result<(), Failure> {
+    if args.format != Format::Jsonl && !cfg!(feature = "export") {
+        return Err(Failure::Usage(
+            "this memsnap was built without the `export` feature (polars): use --format jsonl, \
+             or build with default features for Parquet and CSV"
+                .into(),
+        ));
+    }
+    prepare_folder(&args.output)?;
+    let options = args.input.analysis()?;
+    let snap = load(&args.file)?;
+    let devices = match args.device {
+        Some(_) => vec![super::flamegraph::pick_device(
+            &snap,
+            args.device,
+            &args.file,
+        )?],
+        None => memsnap::analysis::devices(&snap),
+    };
+    let analyses: Vec<_> = devices
+        .iter()
+        .map(|&d| memsnap::analysis::analyse_device(&snap, d, &options))
+        .collect();
+    for table in tables::tables(&analyses) {
+        let path = args
+            .output
+            .join(format!("{}.{}", table.name, args.format.extension()));
+        write(&table, &path, args.format)
+            .map_err(|m| Failure::Usage(format!("{}: cannot write it: {m}", path.display())))?;
+        println!(
+            "wrote {} ({}, {})",
+            path.display(),
+            units::counted(table.rows() as u64, "row"),
+            units::counted(table.columns.len() as u64, "column")
+        );
+    }
+    Ok(())
+}
+
+/// Creates the output folder when its parent exists; refuses a file or a missing parent.
+fn prepare_folder(dir: &Path) -> Result<(), Failure> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if dir.exists() {
+        return Err(Failure::Usage(format!(
+            "{}: is a file: give a folder for the tables",
+            dir.display()
+        )));
+    }
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+    if parent.is_some_and(|p| !p.is_dir()) {
+        return Err(Failure::Usage(format!(
+            "{}: its parent folder does not exist",
+            dir.display()
+        )));
+    }
+    std::fs::create_dir(dir)
+        .map_err(|e| Failure::Usage(format!("{}: cannot create it: {e}", dir.display())))
+}
+
+fn write(table: &Table, path: &Path, format: Format) -> Result<(), String> {
+    match format {
+        Format::Jsonl => {
+            let file = std::fs::File::create(path).map_err(|e| e.to_string())?;
+            let mut out = BufWriter::new(file);
+            tables::write_jsonl(&mut out, table)
+                .and_then(|()| out.flush())
+                .map_err(|e| e.to_string())
+        }
+        #[cfg(feature = "export")]
+        Format::Parquet => {
+            memsnap::export::parquet::write_parquet(table, path).map_err(|e| e.to_string())
+        }
+        #[cfg(feature = "export")]
+        Format::Csv => memsnap::export::parquet::write_csv(table, path).map_err(|e| e.to_string()),
+        #[cfg(not(feature = "export"))]
+        Format::Parquet | Format::Csv => unreachable!("refused in run"),
+    }
+}

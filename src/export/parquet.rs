@@ -1,0 +1,41 @@
+//! Parquet and CSV files of the export tables, written by polars (the `export` feature).
+
+use std::path::Path;
+
+use polars::prelude::*;
+
+use super::tables::{Table, Values};
+
+/// The table as a polars frame, column types as documented: integers as `UInt64`/`Int64`
+/// (nullable where a value may be missing), text as `String`.
+pub fn frame(table: &Table) -> PolarsResult<DataFrame> {
+    let columns: Vec<Column> = table
+        .columns
+        .iter()
+        .map(|(name, values)| {
+            let name = PlSmallStr::from_static(name);
+            match values {
+                Values::U64(v) => Column::new(name, v),
+                Values::OptU64(v) => Column::new(name, v),
+                Values::I64(v) => Column::new(name, v),
+                Values::Str(v) => Column::new(name, v),
+            }
+        })
+        .collect();
+    DataFrame::new(table.rows(), columns)
+}
+
+/// Writes `table` as Parquet (zstd-compressed).
+pub fn write_parquet(table: &Table, path: &Path) -> PolarsResult<()> {
+    let mut df = frame(table)?;
+    let file = std::fs::File::create(path)?;
+    ParquetWriter::new(file).finish(&mut df)?;
+    Ok(())
+}
+
+/// Writes `table` as CSV with a header line.
+pub fn write_csv(table: &Table, path: &Path) -> PolarsResult<()> {
+    let mut df = frame(table)?;
+    let mut file = std::fs::File::create(path)?;
+    CsvWriter::new(&mut file).finish(&mut df)
+}

@@ -1,0 +1,324 @@
+//! `memsnap export`: the analysis as four tables a notebook loads in one line.
+//!
+//! - `events`: one row per trace event, with the figures after it and every label;
+//! - `blocks`: each allocation live at the end of the trace, with its labels;
+//! - `steps`: the step table of the report;
+//! - `peak`: the memory live at the peak, grouped by each dimension.
+//!
+//! The tables are built here as plain columns; [`write_jsonl`] writes them as JSON lines, and
+//! with the `export` feature the `parquet` module writes Parquet and CSV through polars.
+
+use std::io::{self, Write};
+
+use crate::analysis::{DeviceAnalysis, Dimension};
+use crate::attribute::{Label, NO_MB};
+use crate::snapshot::{Action, StackId};
+
+/// The values of one column.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Values {
+    /// Unsigned integers.
+    U64(Vec<u64>),
+    /// Unsigned integers with gaps (null).
+    OptU64(Vec<Option<u64>>),
+    /// Signed integers.
+    I64(Vec<i64>),
+    /// Text.
+    Str(Vec<String>),
+}
+
+impl Values {
+    /// Rows in the column.
+    pub fn len(&self) -> usize {
+        match self {
+            Values::U64(v) => v.len(),
+            Values::OptU64(v) => v.len(),
+            Values::I64(v) => v.len(),
+            Values::Str(v) => v.len(),
+        }
+    }
+
+    /// True when the column has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Row `i` as JSON.
+    fn json(&self, i: usize) -> serde_json::Value {
+        match self {
+            Values::U64(v) => v[i].into(),
+            Values::OptU64(v) => v[i].map_or(serde_json::Value::Null, Into::into),
+            Values::I64(v) => v[i].into(),
+            Values::Str(v) => v[i].clone().into(),
+        }
+    }
+}
+
+/// One table: named columns of equal length.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Table {
+    /// File stem: `events`, `blocks`, `steps` or `peak`.
+    pub name: &'static str,
+    /// Columns in order.
+    pub columns: Vec<(&'static str, Values)>,
+}
+
+impl Table {
+    /// Rows in the table.
+    pub fn rows(&self) -> usize {
+        self.columns.first().map_or(0, |c| c.1.len())
+    }
+
+    /// The column called `name`.
+    pub fn column(&self, name: &str) -> Option<&Values> {
+        self.columns.iter().find(|c| c.0 == name).map(|c| &c.1)
+    }
+}
+
+/// Label columns shared by `events` and `blocks`.
+#[derive(Default)]
+struct LabelColumns {
+    train_step: Vec<u64>,
+    step: Vec<String>,
+    op: Vec<String>,
+    micro_batch: Vec<Option<u64>>,
+    micro_batch_backward: Vec<Option<u64>>,
+    stage: Vec<String>,
+    layer: Vec<Option<u64>>,
+    category: Vec<String>,
+    phase: Vec<String>,
+    annotation: Vec<String>,
+    site: Vec<String>,
+}
+
+impl LabelColumns {
+    fn push(
+        &mut self,
+        a: &DeviceAnalysis,
+        keyer: &mut crate::analysis::Keyer,
+        l: &Label,
+        stack: StackId,
+    ) {
+        let at = &a.attribution;
+        let mb = |m: u16| (m != NO_MB).then_some(u64::from(m));
+        self.train_step.push(u64::from(l.train_step));
+        self.step.push(at.step_text(l, at.multi_step()));
+        self.op.push(at.op_text(l));
+        self.micro_batch.push(mb(l.mb));
+        self.micro_batch_backward.push(mb(l.mb_backward));
+        self.stage.push(at.names.get(l.stage).to_string());
+        self.layer
+            .push((l.layer != u16::MAX).then_some(u64::from(l.layer)));
+        self.category.push(l.category.as_str().to_string());
+        self.phase.push(l.phase.as_str().to_string());
+        self.annotation.push(at.names.get(l.annotation).to_string());
+        self.site.push(keyer.key(Dimension::Site, l, stack));
+    }
+
+    fn into_columns(self, out: &mut Vec<(&'static str, Values)>) {
+        out.extend([
+            ("train_step", Values::U64(self.train_step)),
+            ("step", Values::Str(self.step)),
+            ("op", Values::Str(self.op)),
+            ("micro_batch", Values::OptU64(self.micro_batch)),
+            (
+                "micro_batch_backward",
+                Values::OptU64(self.micro_batch_backward),
+            ),
+            ("stage", Values::Str(self.stage)),
+            ("layer", Values::OptU64(self.layer)),
+            ("category", Values::Str(self.category)),
+            ("phase", Values::Str(self.phase)),
+            ("annotation", Values::Str(self.annotation)),
+            ("site", Values::Str(self.site)),
+        ]);
+    }
+}
+
+/// The four tables of every analysed device (rows of all devices together, with a `device`
+/// column).
+pub fn tables(devices: &[DeviceAnalysis]) -> Vec<Table> {
+    let mut parts: Vec<[Table; 4]> = devices
+        .iter()
+        .map(|a| [events(a), blocks(a), steps(a), peak(a)])
+        .collect();
+    if parts.len() == 1 {
+        return parts.pop().map(Vec::from).unwrap_or_default();
+    }
+    let mut out: Vec<Table> = Vec::new();
+    for group in parts {
+        for (k, t) in group.into_iter().enumerate() {
+            match out.get_mut(k) {
+                None => out.push(t),
+                Some(all) => append(all, t),
+            }
+        }
+    }
+    out
+}
+
+fn append(all: &mut Table, more: Table) {
+    for ((_, a), (_, b)) in all.columns.iter_mut().zip(more.columns) {
+        match (a, b) {
+            (Values::U64(a), Values::U64(b)) => a.extend(b),
+            (Values::OptU64(a), Values::OptU64(b)) => a.extend(b),
+            (Values::I64(a), Values::I64(b)) => a.extend(b),
+            (Values::Str(a), Values::Str(b)) => a.extend(b),
+            _ => unreachable!("tables of one kind have the same columns"),
+        }
+    }
+}
+
+/// One row per trace event.
+pub fn events(a: &DeviceAnalysis) -> Table {
+    let r = &a.replay;
+    let trace = a.snap.trace(a.device());
+    let n = trace.len();
+    let mut keyer = a.keyer();
+    let mut labels = LabelColumns::default();
+    let (mut time, mut action, mut addr, mut size, mut stream) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let mut reserved = Vec::with_capacity(n);
+    for (i, ev) in trace.iter().enumerate() {
+        time.push(ev.time_us);
+        action.push(ev.action.as_str().to_string());
+        addr.push(ev.addr);
+        size.push(ev.size);
+        stream.push(ev.stream);
+        reserved.push(r.reserved_at(Some(i)));
+        labels.push(a, &mut keyer, &a.attribution.labels[i], ev.stack);
+    }
+    let mut columns = vec![
+        ("device", Values::U64(vec![u64::from(a.device()); n])),
+        ("index", Values::U64((0..n as u64).collect())),
+        ("time_us", Values::I64(time)),
+        ("action", Values::Str(action)),
+        ("addr", Values::U64(addr)),
+        ("size", Values::U64(size)),
+        ("stream", Values::I64(stream)),
+        ("allocated_after_bytes", Values::U64(r.allocated.clone())),
+        ("requested_after_bytes", Values::U64(r.requested.clone())),
+        ("reserved_after_bytes", Values::U64(reserved)),
+    ];
+    labels.into_columns(&mut columns);
+    Table {
+        name: "events",
+        columns,
+    }
+}
+
+/// Each allocation live after the last event.
+pub fn blocks(a: &DeviceAnalysis) -> Table {
+    let r = &a.replay;
+    let trace = a.snap.trace(a.device());
+    let mut keyer = a.keyer();
+    let mut labels = LabelColumns::default();
+    let (mut address, mut size, mut requested, mut event, mut time) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (k, p) in r.preexisting.iter().enumerate() {
+        if p.live && p.freed_at == crate::replay::NONE {
+            address.push(p.addr);
+            size.push(p.size);
+            requested.push(p.requested);
+            event.push(None);
+            time.push(None);
+            labels.push(a, &mut keyer, &a.attribution.preexisting[k], p.stack);
+        }
+    }
+    for (i, ev) in trace.iter().enumerate() {
+        if ev.action == Action::Alloc && r.partner[i] == crate::replay::NONE {
+            address.push(ev.addr);
+            size.push(r.bytes[i]);
+            requested.push(ev.size);
+            event.push(Some(i as u64));
+            time.push(Some(ev.time_us.max(0) as u64));
+            labels.push(a, &mut keyer, &a.attribution.labels[i], ev.stack);
+        }
+    }
+    let n = address.len();
+    let mut columns = vec![
+        ("device", Values::U64(vec![u64::from(a.device()); n])),
+        ("address", Values::U64(address)),
+        ("size_bytes", Values::U64(size)),
+        ("requested_bytes", Values::U64(requested)),
+        ("alloc_event", Values::OptU64(event)),
+        ("alloc_time_us", Values::OptU64(time)),
+    ];
+    labels.into_columns(&mut columns);
+    Table {
+        name: "blocks",
+        columns,
+    }
+}
+
+/// The step table.
+pub fn steps(a: &DeviceAnalysis) -> Table {
+    let s = &a.steps;
+    let col = |f: &dyn Fn(&crate::analysis::StepRow) -> u64| Values::U64(s.iter().map(f).collect());
+    Table {
+        name: "steps",
+        columns: vec![
+            ("device", Values::U64(vec![u64::from(a.device()); s.len()])),
+            ("train_step", col(&|r| u64::from(r.train_step))),
+            ("step", col(&|r| u64::from(r.step))),
+            (
+                "label",
+                Values::Str(s.iter().map(|r| r.label.clone()).collect()),
+            ),
+            (
+                "iterations",
+                Values::OptU64(s.iter().map(|r| r.iterations.map(u64::from)).collect()),
+            ),
+            ("first_event", col(&|r| r.first_event as u64)),
+            ("last_event", col(&|r| r.last_event as u64)),
+            ("start_allocated_bytes", col(&|r| r.start_allocated_bytes)),
+            ("end_allocated_bytes", col(&|r| r.end_allocated_bytes)),
+            ("peak_allocated_bytes", col(&|r| r.peak_allocated_bytes)),
+            ("peak_event_index", col(&|r| r.peak_event_index as u64)),
+        ],
+    }
+}
+
+/// The memory live at the peak, one row per group of each dimension.
+pub fn peak(a: &DeviceAnalysis) -> Table {
+    let (mut dimension, mut label, mut bytes, mut count) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (d, shares) in &a.peak_breakdown {
+        for s in shares {
+            dimension.push(d.as_str().to_string());
+            label.push(s.label.clone());
+            bytes.push(s.bytes);
+            count.push(s.count);
+        }
+    }
+    let n = dimension.len();
+    Table {
+        name: "peak",
+        columns: vec![
+            ("device", Values::U64(vec![u64::from(a.device()); n])),
+            ("dimension", Values::Str(dimension)),
+            ("label", Values::Str(label)),
+            ("bytes", Values::U64(bytes)),
+            ("count", Values::U64(count)),
+        ],
+    }
+}
+
+/// Writes a table as JSON lines, one object per row.
+pub fn write_jsonl(out: &mut dyn Write, table: &Table) -> io::Result<()> {
+    for i in 0..table.rows() {
+        let row: serde_json::Map<String, serde_json::Value> = table
+            .columns
+            .iter()
+            .map(|(name, v)| (name.to_string(), v.json(i)))
+            .collect();
+        serde_json::to_writer(&mut *out, &row)?;
+        writeln!(out)?;
+    }
+    Ok(())
+}

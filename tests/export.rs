@@ -1,0 +1,208 @@
+//! `memsnap export`: four tables whose figures are the report's, in Parquet, CSV and JSON
+//! lines, with the documented columns.
+
+use std::fs;
+use std::path::Path;
+
+use crate::util::*;
+
+const PIPELINE: &str = "snapshots/pipelines/pp4n8/memory_snapshot_rank0_pp4n8_step0.pickle.xz";
+
+const EVENT_COLUMNS: [&str; 21] = [
+    "device",
+    "index",
+    "time_us",
+    "action",
+    "addr",
+    "size",
+    "stream",
+    "allocated_after_bytes",
+    "requested_after_bytes",
+    "reserved_after_bytes",
+    "train_step",
+    "step",
+    "op",
+    "micro_batch",
+    "micro_batch_backward",
+    "stage",
+    "layer",
+    "category",
+    "phase",
+    "annotation",
+    "site",
+];
+
+fn report(file: &str) -> serde_json::Value {
+    let all: serde_json::Value =
+        serde_json::from_str(ok(&["report", "--json", file]).trim()).unwrap();
+    all["devices"][0].clone()
+}
+
+fn jsonl(path: &Path) -> Vec<serde_json::Value> {
+    fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn sum(rows: &[serde_json::Value], key: &str) -> u64 {
+    rows.iter().map(|r| r[key].as_u64().unwrap()).sum()
+}
+
+#[test]
+fn json_lines_hold_the_report_figures() {
+    let file = testdata(PIPELINE).to_string_lossy().into_owned();
+    let dir = scratch();
+    let out = dir.path().join("tables");
+    let printed = ok(&[
+        "export",
+        &file,
+        "-o",
+        out.to_str().unwrap(),
+        "--format",
+        "jsonl",
+    ]);
+    assert_eq!(printed.lines().count(), 4, "{printed}");
+    let r = report(&file);
+
+    let events = jsonl(&out.join("events.jsonl"));
+    assert_eq!(events.len() as u64, r["events"].as_u64().unwrap());
+    let keys: Vec<&str> = events[0]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let mut expected = EVENT_COLUMNS.to_vec();
+    expected.sort_unstable();
+    let mut keys = keys;
+    keys.sort_unstable();
+    assert_eq!(keys, expected);
+    let peak = events
+        .iter()
+        .map(|e| e["allocated_after_bytes"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert_eq!(peak, r["peak_allocated_bytes"].as_u64().unwrap());
+    let peak_requested = events
+        .iter()
+        .map(|e| e["requested_after_bytes"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert_eq!(peak_requested, r["peak_requested_bytes"].as_u64().unwrap());
+    let last = events.last().unwrap();
+    assert_eq!(last["allocated_after_bytes"], r["end_allocated_bytes"]);
+    assert_eq!(last["reserved_after_bytes"], r["end_reserved_bytes"]);
+    assert!(events
+        .iter()
+        .any(|e| e["step"] == "step 4" && e["micro_batch"].is_u64()));
+
+    let blocks = jsonl(&out.join("blocks.jsonl"));
+    assert_eq!(
+        sum(&blocks, "size_bytes"),
+        r["end_allocated_bytes"].as_u64().unwrap()
+    );
+
+    let peak_rows = jsonl(&out.join("peak.jsonl"));
+    let by_category: Vec<serde_json::Value> = peak_rows
+        .into_iter()
+        .filter(|p| p["dimension"] == "category")
+        .collect();
+    assert_eq!(
+        sum(&by_category, "bytes"),
+        r["peak_allocated_bytes"].as_u64().unwrap()
+    );
+
+    let steps = jsonl(&out.join("steps.jsonl"));
+    assert_eq!(steps.len(), r["steps"].as_array().unwrap().len());
+    let highest = steps
+        .iter()
+        .map(|s| s["peak_allocated_bytes"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert_eq!(highest, r["peak_allocated_bytes"].as_u64().unwrap());
+}
+
+#[cfg(feature = "export")]
+#[test]
+fn parquet_reads_back_with_the_documented_schema() {
+    use polars::prelude::*;
+
+    let file = testdata(PIPELINE).to_string_lossy().into_owned();
+    let dir = scratch();
+    let out = dir.path().join("tables");
+    ok(&["export", &file, "-o", out.to_str().unwrap()]);
+    let r = report(&file);
+    let read = |name: &str| {
+        let f = fs::File::open(out.join(format!("{name}.parquet"))).unwrap();
+        ParquetReader::new(f).finish().unwrap()
+    };
+    let events = read("events");
+    let names: Vec<String> = events
+        .get_column_names()
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(names, EVENT_COLUMNS.map(String::from).to_vec());
+    let schema = events.schema();
+    assert_eq!(schema.get("allocated_after_bytes"), Some(&DataType::UInt64));
+    assert_eq!(schema.get("time_us"), Some(&DataType::Int64));
+    assert_eq!(schema.get("step"), Some(&DataType::String));
+    assert_eq!(schema.get("micro_batch"), Some(&DataType::UInt64));
+    assert_eq!(events.height() as u64, r["events"].as_u64().unwrap());
+    let allocated = events
+        .column("allocated_after_bytes")
+        .unwrap()
+        .u64()
+        .unwrap()
+        .clone();
+    assert_eq!(allocated.max(), r["peak_allocated_bytes"].as_u64());
+    let blocks = read("blocks");
+    let sizes = blocks.column("size_bytes").unwrap().u64().unwrap().clone();
+    assert_eq!(sizes.sum(), r["end_allocated_bytes"].as_u64());
+    assert_eq!(read("steps").height(), r["steps"].as_array().unwrap().len());
+    assert!(read("peak").height() > 5);
+
+    let csv_dir = dir.path().join("csv");
+    ok(&[
+        "export",
+        &file,
+        "-o",
+        csv_dir.to_str().unwrap(),
+        "--format",
+        "csv",
+    ]);
+    let text = fs::read_to_string(csv_dir.join("events.csv")).unwrap();
+    assert_eq!(text.lines().next().unwrap(), EVENT_COLUMNS.join(","));
+    assert_eq!(
+        text.lines().count() as u64,
+        r["events"].as_u64().unwrap() + 1
+    );
+}
+
+#[test]
+fn an_output_folder_that_cannot_be_made_exits_2() {
+    let file = testdata(PIPELINE).to_string_lossy().into_owned();
+    let dir = scratch();
+    let missing = dir.path().join("no/such/tables");
+    let o = memsnap(&[
+        "export",
+        &file,
+        "-o",
+        missing.to_str().unwrap(),
+        "--format",
+        "jsonl",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("parent folder does not exist"),
+        "{}",
+        stderr(&o)
+    );
+    let a_file = dir.path().join("f");
+    fs::write(&a_file, "x").unwrap();
+    let o = memsnap(&["export", &file, "-o", a_file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("is a file"), "{}", stderr(&o));
+}
