@@ -234,13 +234,7 @@ fn anomalies_are_counted_not_hidden() {
         event("free_requested", base, 512, t + 30),
         event("free_completed", base, 512, t + 31),
     ];
-    let mut snap = BTreeMap::new();
-    snap.insert(H::String("segments".into()), V::List(vec![]));
-    snap.insert(
-        H::String("device_traces".into()),
-        V::List(vec![V::List(trace)]),
-    );
-    let bytes = serde_pickle::value_to_vec(&V::Dict(snap), Default::default()).unwrap();
+    let bytes = snapshot_pickle(vec![], trace);
     let dir = scratch();
     let f = write(&dir, "odd.pickle", &bytes);
     let text = ok(&["report", &f]);

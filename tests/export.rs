@@ -206,3 +206,62 @@ fn an_output_folder_that_cannot_be_made_exits_2() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("is a file"), "{}", stderr(&o));
 }
+
+/// On every shared snapshot, every device's exported events and blocks give the report's peak,
+/// end and live-at-end figures.
+#[test]
+fn every_shared_snapshot_exports_its_report_figures() {
+    let Some(shared_dir) = shared() else { return };
+    let dir = scratch();
+    for (n, file) in shared_snapshots(&shared_dir).into_iter().enumerate() {
+        let name = file.to_string_lossy().into_owned();
+        let out = dir.path().join(format!("t{n}"));
+        ok(&[
+            "export",
+            &name,
+            "-o",
+            out.to_str().unwrap(),
+            "--format",
+            "jsonl",
+        ]);
+        let all: serde_json::Value =
+            serde_json::from_str(ok(&["report", "--json", &name]).trim()).unwrap();
+        // Only the columns checked, typed: the largest file has 325,071 events.
+        #[derive(serde::Deserialize)]
+        struct Row {
+            device: u64,
+            allocated_after_bytes: u64,
+        }
+        let text = fs::read_to_string(out.join("events.jsonl")).unwrap();
+        let events: Vec<Row> = serde_json::Deserializer::from_str(&text)
+            .into_iter::<Row>()
+            .map(|r| r.unwrap())
+            .collect();
+        let blocks = jsonl(&out.join("blocks.jsonl"));
+        for d in all["devices"].as_array().unwrap() {
+            let device = &d["device"];
+            let number = device.as_u64().unwrap();
+            let mine: Vec<&Row> = events.iter().filter(|e| e.device == number).collect();
+            assert_eq!(mine.len() as u64, d["events"].as_u64().unwrap(), "{name}");
+            let Some(last) = mine.last() else { continue };
+            let peak = mine
+                .iter()
+                .map(|e| e.allocated_after_bytes)
+                .max()
+                .unwrap()
+                .max(d["start_allocated_bytes"].as_u64().unwrap());
+            assert_eq!(peak, d["peak_allocated_bytes"].as_u64().unwrap(), "{name}");
+            assert_eq!(
+                last.allocated_after_bytes,
+                d["end_allocated_bytes"].as_u64().unwrap(),
+                "{name}"
+            );
+            let live: u64 = blocks
+                .iter()
+                .filter(|b| &b["device"] == device)
+                .map(|b| b["size_bytes"].as_u64().unwrap())
+                .sum();
+            assert_eq!(live, d["end_allocated_bytes"].as_u64().unwrap(), "{name}");
+        }
+    }
+}

@@ -263,13 +263,7 @@ fn no_evidence_means_other() {
             ));
         }
     }
-    let mut snap = BTreeMap::new();
-    snap.insert(H::String("segments".into()), V::List(vec![]));
-    snap.insert(
-        H::String("device_traces".into()),
-        V::List(vec![V::List(trace)]),
-    );
-    let bytes = serde_pickle::value_to_vec(&V::Dict(snap), Default::default()).unwrap();
+    let bytes = snapshot_pickle(vec![], trace);
     let dir = scratch();
     let file = dir.path().join("random_frames.pickle");
     std::fs::write(&file, bytes).unwrap();

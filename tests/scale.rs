@@ -24,13 +24,7 @@ fn event(action: &str, addr: i64, size: i64) -> V {
 }
 
 fn write_snapshot(dir: &tempfile::TempDir, name: &str, segments: Vec<V>, trace: Vec<V>) -> String {
-    let mut snap = BTreeMap::new();
-    snap.insert(H::String("segments".into()), V::List(segments));
-    snap.insert(
-        H::String("device_traces".into()),
-        V::List(vec![V::List(trace)]),
-    );
-    let bytes = serde_pickle::value_to_vec(&V::Dict(snap), Default::default()).unwrap();
+    let bytes = snapshot_pickle(segments, trace);
     let path = dir.path().join(name);
     std::fs::write(&path, bytes).unwrap();
     path.to_string_lossy().into_owned()

@@ -75,3 +75,18 @@ pub fn shared_snapshots(dir: &Path) -> Vec<PathBuf> {
 pub fn scratch() -> tempfile::TempDir {
     tempfile::tempdir().expect("temp dir")
 }
+
+/// A snapshot pickle of these segments and one device's trace entries.
+pub fn snapshot_pickle(
+    segments: Vec<serde_pickle::Value>,
+    trace: Vec<serde_pickle::Value>,
+) -> Vec<u8> {
+    use serde_pickle::value::{HashableValue as H, Value as V};
+    let mut snap = std::collections::BTreeMap::new();
+    snap.insert(H::String("segments".into()), V::List(segments));
+    snap.insert(
+        H::String("device_traces".into()),
+        V::List(vec![V::List(trace)]),
+    );
+    serde_pickle::value_to_vec(&V::Dict(snap), Default::default()).expect("pickle")
+}

@@ -78,6 +78,8 @@ impl Table {
 /// Label columns shared by `events` and `blocks`.
 #[derive(Default)]
 struct LabelColumns {
+    /// Whether the trace spans several training steps (step texts then name theirs).
+    multi_step: bool,
     train_step: Vec<u64>,
     step: Vec<String>,
     op: Vec<String>,
@@ -102,7 +104,7 @@ impl LabelColumns {
         let at = &a.attribution;
         let mb = |m: u16| (m != NO_MB).then_some(u64::from(m));
         self.train_step.push(u64::from(l.train_step));
-        self.step.push(at.step_text(l, at.multi_step()));
+        self.step.push(at.step_text(l, self.multi_step));
         self.op.push(at.op_text(l));
         self.micro_batch.push(mb(l.mb));
         self.micro_batch_backward.push(mb(l.mb_backward));
@@ -175,7 +177,10 @@ pub fn events(a: &DeviceAnalysis) -> Table {
     let trace = a.snap.trace(a.device());
     let n = trace.len();
     let mut keyer = a.keyer();
-    let mut labels = LabelColumns::default();
+    let mut labels = LabelColumns {
+        multi_step: a.attribution.multi_step(),
+        ..LabelColumns::default()
+    };
     let (mut time, mut action, mut addr, mut size, mut stream) = (
         Vec::with_capacity(n),
         Vec::with_capacity(n),
@@ -217,7 +222,10 @@ pub fn blocks(a: &DeviceAnalysis) -> Table {
     let r = &a.replay;
     let trace = a.snap.trace(a.device());
     let mut keyer = a.keyer();
-    let mut labels = LabelColumns::default();
+    let mut labels = LabelColumns {
+        multi_step: a.attribution.multi_step(),
+        ..LabelColumns::default()
+    };
     let (mut address, mut size, mut requested, mut event, mut time) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (k, p) in r.preexisting.iter().enumerate() {
