@@ -250,7 +250,7 @@ mod tests {
             "/opt/torch/.venv/lib/python3.12/site-packages/torch/nn/modules/module.py",
             "/usr/lib/python3.12/runpy.py",
             "<frozen runpy>",
-            "/tmp/torchinductor_user/xy/cxyzabc.py",
+            "/scratch/cache/torchinductor_user/xy/cxyzabc.py",
             "/venv/lib/python3.11/site-packages/triton/runtime/jit.py",
             "/home/dev/pytorch/torch/nn/modules/module.py",
         ] {
