@@ -65,6 +65,28 @@ fn json_lines_hold_the_report_figures() {
     ]);
     assert_eq!(printed.lines().count(), 4, "{printed}");
     let r = report(&file);
+    let listed = ok(&[
+        "export",
+        &file,
+        "-o",
+        out.to_str().unwrap(),
+        "--format",
+        "jsonl",
+        "--json",
+    ]);
+    let listed: serde_json::Value = serde_json::from_str(listed.trim()).unwrap();
+    let names: Vec<&str> = listed["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["table"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["events", "blocks", "steps", "peak"]);
+    assert_eq!(listed["tables"][0]["rows"], r["events"]);
+    assert_eq!(
+        listed["tables"][0]["columns"].as_array().unwrap().len(),
+        EVENT_COLUMNS.len()
+    );
 
     let events = jsonl(&out.join("events.jsonl"));
     assert_eq!(events.len() as u64, r["events"].as_u64().unwrap());

@@ -98,6 +98,26 @@ fn seconds_and_compressed_output() {
     assert!(printed.contains("file "), "{printed}");
     let d = report(out);
     assert_eq!(d["replay_consistent"], true);
+    let again = dir.path().join("again.pickle");
+    let printed = ok(&[
+        "trim",
+        &file,
+        "--from",
+        "1s",
+        "--to",
+        "2.5s",
+        "--json",
+        "-o",
+        again.to_str().unwrap(),
+    ]);
+    let j: serde_json::Value = serde_json::from_str(printed.trim()).unwrap();
+    assert_eq!(j["trimmed"]["events"], d["events"]);
+    assert_eq!(j["device"], 0);
+    assert_eq!(j["compressed"], false);
+    assert_eq!(
+        j["bytes_after"].as_u64(),
+        Some(std::fs::metadata(&again).unwrap().len())
+    );
     let span = d["duration_us"].as_u64().unwrap();
     assert!(span <= 1_500_000 && span > 1_000_000, "{span}");
 }

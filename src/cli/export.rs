@@ -48,6 +48,9 @@ pub struct ExportArgs {
     /// Only this device (default: every device with events).
     #[arg(long)]
     pub device: Option<u32>,
+    /// Print the files written as one JSON line instead of text.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub input: InputArgs,
 }
@@ -75,17 +78,32 @@ pub fn run(args: ExportArgs) -> Result<(), Failure> {
         .iter()
         .map(|&d| memsnap::analysis::analyse_device(&snap, d, &options))
         .collect();
+    let mut written = Vec::new();
     for table in tables::tables(&analyses) {
         let path = args
             .output
             .join(format!("{}.{}", table.name, args.format.extension()));
         write(&table, &path, args.format)
             .map_err(|m| Failure::Usage(format!("{}: cannot write it: {m}", path.display())))?;
+        if !args.json {
+            println!(
+                "wrote {} ({}, {})",
+                path.display(),
+                units::counted(table.rows() as u64, "row"),
+                units::counted(table.columns.len() as u64, "column")
+            );
+        }
+        written.push(serde_json::json!({
+            "table": table.name,
+            "path": path.display().to_string(),
+            "rows": table.rows(),
+            "columns": table.columns.iter().map(|c| c.0).collect::<Vec<_>>(),
+        }));
+    }
+    if args.json {
         println!(
-            "wrote {} ({}, {})",
-            path.display(),
-            units::counted(table.rows() as u64, "row"),
-            units::counted(table.columns.len() as u64, "column")
+            "{}",
+            serde_json::json!({ "format": args.format.extension(), "tables": written })
         );
     }
     Ok(())

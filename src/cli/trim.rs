@@ -60,6 +60,9 @@ pub struct TrimArgs {
     /// Device (default: the first with events).
     #[arg(long)]
     pub device: Option<u32>,
+    /// Print what was written as one JSON line instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn run(args: TrimArgs) -> Result<(), Failure> {
@@ -110,13 +113,49 @@ pub fn run(args: TrimArgs) -> Result<(), Failure> {
         snap.source.pickle_bytes
     };
     let after = std::fs::metadata(&args.output).map_or(0, |m| m.len());
+    if args.json {
+        let value = serde_json::json!({
+            "output": args.output.display().to_string(),
+            "device": device,
+            "first_event": from,
+            "last_event": to.saturating_sub(1),
+            "trace_events": replay.len(),
+            "compressed": compress,
+            "bytes_before": before,
+            "bytes_after": after,
+            "trimmed": summary,
+        });
+        println!("{value}");
+    } else {
+        let sizes = (before, after, compress);
+        print_summary(&args, device, (from, to), replay.len(), &summary, sizes);
+    }
+    if summary.blocks_outside_segments > 0 {
+        eprintln!(
+            "memsnap: {}: {} live at the window's end lie in no segment (the trace is incomplete); left out",
+            args.file.display(),
+            units::counted(summary.blocks_outside_segments as u64, "block")
+        );
+    }
+    Ok(())
+}
+
+/// The two lines `trim` prints: what was written, and the size before and after.
+fn print_summary(
+    args: &TrimArgs,
+    device: u32,
+    (from, to): (usize, usize),
+    trace_events: usize,
+    summary: &trim::Trimmed,
+    (before, after, compress): (u64, u64, bool),
+) {
     println!(
         "wrote {}: events #{} to #{} of device {device} ({} of {}), {}, {} live at the window's end",
         args.output.display(),
         units::count(from as u64),
         units::count(to.saturating_sub(1) as u64),
         units::counted(summary.events as u64, "event"),
-        units::count(replay.len() as u64),
+        units::count(trace_events as u64),
         units::counted(summary.segments as u64, "segment"),
         units::counted(summary.live_blocks as u64, "block"),
     );
@@ -131,14 +170,6 @@ pub fn run(args: TrimArgs) -> Result<(), Failure> {
         units::bytes(before),
         units::bytes(after),
     );
-    if summary.blocks_outside_segments > 0 {
-        eprintln!(
-            "memsnap: {}: {} live at the window's end lie in no segment (the trace is incomplete); left out",
-            args.file.display(),
-            units::counted(summary.blocks_outside_segments as u64, "block")
-        );
-    }
-    Ok(())
 }
 
 /// The window as `from..to` event indices, or why it is empty or outside the trace.
