@@ -1,15 +1,23 @@
-//! `cargo bench`: `memsnap report` against Python's bare `pickle.load` on the same file.
+//! `cargo bench`: `memsnap report` against Python on the same plain pickle.
 //!
-//! Decompresses `../shared/snapshots/pp2-large` (325k events, 30 MB) to a temporary plain
-//! pickle, then times, five times each and in alternation:
+//! Two files, each decompressed to a temporary plain pickle:
+//! - `../shared/snapshots/pp2-large` (325k events, `stacks="python"`, 28.5 MiB);
+//! - a `stacks="all"` trace of 650k events (~110 MB), made from `../shared/snapshots/
+//!   pp2-stacks-all` by Python: its trace repeated 13 times, each copy at other addresses and
+//!   times, as new objects (so the pickle has the shape of a long recording).
+//!
+//! For each, five times and in alternation, the medians of:
 //! - the whole `memsnap report --json FILE` process (decode, replay, report, process start);
-//! - `pickle.load(f)` alone inside Python (interpreter start-up not counted).
+//! - `pickle.load(f)` alone inside Python (interpreter start-up not counted);
+//! - the work of `python -m torch.cuda._memory_viz stats` (torch itself is not needed): the
+//!   same `pickle.load`, then per segment a summary of its blocks (bytes and counts per state,
+//!   largest free block), written here;
 //!
-//! It prints the medians, their ratio, and peak memory (maximum resident set size) of both
-//! against the pickle's size. Then it times the allocator simulation (`memsnap whatif`) on
-//! the same trace and on the trace played twice in a row (650k events), under the recorded
-//! settings and with expandable segments. Pass another snapshot path as the first argument
-//! to use it.
+//! with ratios, and peak memory (maximum resident set size) against the pickle's size. For the
+//! second file also `memsnap compare` of two such ranks. Then it times the allocator simulation
+//! on pp2-large's trace, once and twice in a row, under the recorded settings and with
+//! expandable segments. Pass another snapshot path as the first argument to use it instead of
+//! pp2-large.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -41,32 +49,77 @@ fn peak_rss(cmd: &[&str]) -> Option<u64> {
     Some(kb * 1024)
 }
 
-fn main() {
-    let arg = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let source = arg.map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../shared/snapshots/pp2-large/memory_snapshot_rank0_big_step0.pickle.xz")
-    });
-    if !source.exists() {
-        eprintln!("skipping: {} not found", source.display());
-        return;
-    }
-    let dir = tempfile::tempdir().expect("temp dir");
-    let plain = dir.path().join("snapshot.pickle");
-    let mut raw = Vec::new();
-    let (mut reader, _) =
-        memsnap::pickle::source::decompressing(std::fs::File::open(&source).unwrap()).unwrap();
-    reader.read_to_end(&mut raw).unwrap();
-    std::fs::write(&plain, &raw).unwrap();
-    let plain_s = plain.to_string_lossy().into_owned();
-    let memsnap = env!("CARGO_BIN_EXE_memsnap");
-    let python_code = "import pickle, sys, time\n\
-        t = time.perf_counter()\n\
-        with open(sys.argv[1], 'rb') as f: pickle.load(f)\n\
-        print(time.perf_counter() - t)";
+/// `pickle.load` alone, timed inside Python.
+const PICKLE_LOAD: &str = "import pickle, sys, time
+t = time.perf_counter()
+with open(sys.argv[1], 'rb') as f: pickle.load(f)
+print(time.perf_counter() - t)";
 
-    let mut ours = Vec::new();
-    let mut theirs = Vec::new();
+/// `pickle.load` and a per-segment summary of blocks, as `_memory_viz stats` prints.
+const VIZ_STATS: &str = "import pickle, sys, time
+t = time.perf_counter()
+with open(sys.argv[1], 'rb') as f: snap = pickle.load(f)
+segments = snap['segments'] if isinstance(snap, dict) else snap
+lines = []
+for seg in segments:
+    per_state = {}
+    largest_free = 0
+    for b in seg['blocks']:
+        n, total = per_state.get(b['state'], (0, 0))
+        per_state[b['state']] = (n + 1, total + b['size'])
+        if b['state'] == 'inactive':
+            largest_free = max(largest_free, b['size'])
+    lines.append(f\"{seg['address']:x} {seg['total_size']} {sorted(per_state.items())} {largest_free}\")
+lines.append(f'{len(segments)} segments')
+out = '\\n'.join(lines)
+print(time.perf_counter() - t)";
+
+/// The `stacks="all"` file at scale: the trace of `source` repeated `copies` times.
+const REPEAT_TRACE: &str = "import copy, lzma, pickle, sys
+source, out, copies = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with lzma.open(source) as f: snap = pickle.load(f)
+traces = snap['device_traces']
+dev = max(range(len(traces)), key=lambda d: len(traces[d]))
+trace = traces[dev]
+span = trace[-1]['time_us'] - trace[0]['time_us'] + 1000
+shift = 1 << 40
+longer = []
+for k in range(copies):
+    for e in trace:
+        c = dict(e)
+        if k:
+            c['addr'] = e['addr'] + k * shift if e['action'] != 'oom' else e['addr']
+            c['time_us'] = e['time_us'] + k * span
+        c['frames'] = list(e['frames'])
+        longer.append(c)
+traces[dev] = longer
+with open(out, 'wb') as f: pickle.dump(snap, f, protocol=4)
+print(len(longer))";
+
+/// Runs a Python snippet that prints its own seconds; `None` if Python fails.
+fn python_seconds(code: &str, file: &str) -> Option<Duration> {
+    let out = Command::new("python3")
+        .args(["-c", code, file])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+        return None;
+    }
+    let secs: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+    Some(Duration::from_secs_f64(secs))
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1 << 20) as f64
+}
+
+/// Times `memsnap report` against `pickle.load` and the `_memory_viz stats` work on `plain`.
+fn against_python(label: &str, plain: &Path) {
+    let plain_s = plain.to_string_lossy().into_owned();
+    let size = std::fs::metadata(plain).map_or(0, |m| m.len());
+    let memsnap = env!("CARGO_BIN_EXE_memsnap");
+    let (mut ours, mut load, mut stats) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..RUNS {
         let t = Instant::now();
         let out = Command::new(memsnap)
@@ -79,57 +132,121 @@ fn main() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        match Command::new("python3")
-            .args(["-c", python_code, &plain_s])
-            .output()
-        {
-            Ok(out) if out.status.success() => {
-                let secs: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
-                theirs.push(Duration::from_secs_f64(secs));
-            }
-            _ => {}
-        }
+        load.extend(python_seconds(PICKLE_LOAD, &plain_s));
+        stats.extend(python_seconds(VIZ_STATS, &plain_s));
     }
-    let mb = |b: u64| b as f64 / (1 << 20) as f64;
-    println!(
-        "file: {} ({:.1} MiB pickle)",
-        source.display(),
-        mb(raw.len() as u64)
-    );
-    let ours = median(ours);
-    println!(
-        "memsnap report (whole process): {:>8.1} ms",
-        ours.as_secs_f64() * 1e3
-    );
-    if theirs.is_empty() {
-        println!("python3 not available: no ratio");
-    } else {
-        let theirs = median(theirs);
+    println!("== {label} ({:.1} MiB pickle)", mib(size));
+    let ours = median(ours).as_secs_f64();
+    println!("memsnap report (whole process):     {:>8.1} ms", ours * 1e3);
+    for (name, times) in [
+        ("python pickle.load (load only):    ", load),
+        ("python _memory_viz stats work:     ", stats),
+    ] {
+        if times.is_empty() {
+            println!("{name} python3 not available");
+            continue;
+        }
+        let theirs = median(times).as_secs_f64();
         println!(
-            "python pickle.load (load only): {:>8.1} ms",
-            theirs.as_secs_f64() * 1e3
-        );
-        println!(
-            "ratio: memsnap is {:.1}x faster",
-            theirs.as_secs_f64() / ours.as_secs_f64()
+            "{name} {:>8.1} ms: memsnap is {:.1}x faster",
+            theirs * 1e3,
+            theirs / ours
         );
     }
     match peak_rss(&[memsnap, "report", "--json", &plain_s]) {
         Some(rss) => println!(
             "peak memory: memsnap {:.1} MiB = {:.2}x the pickle",
-            mb(rss),
-            rss as f64 / raw.len() as f64
+            mib(rss),
+            rss as f64 / size as f64
         ),
         None => println!("peak memory: /usr/bin/time not available"),
     }
-    if let Some(rss) = peak_rss(&["python3", "-c", python_code, &plain_s]) {
+    if let Some(rss) = peak_rss(&["python3", "-c", PICKLE_LOAD, &plain_s]) {
         println!(
-            "peak memory: python {:.1} MiB = {:.2}x the pickle",
-            mb(rss),
-            rss as f64 / raw.len() as f64
+            "peak memory: python pickle.load {:.1} MiB = {:.2}x the pickle",
+            mib(rss),
+            rss as f64 / size as f64
         );
     }
+}
+
+/// Decompresses `source` into `dir` and returns the plain pickle's path.
+fn plain_copy(source: &Path, dir: &Path, name: &str) -> PathBuf {
+    let plain = dir.join(name);
+    let mut raw = Vec::new();
+    let (mut reader, _) =
+        memsnap::pickle::source::decompressing(std::fs::File::open(source).unwrap()).unwrap();
+    reader.read_to_end(&mut raw).unwrap();
+    std::fs::write(&plain, &raw).unwrap();
+    plain
+}
+
+fn main() {
+    let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/snapshots");
+    let arg = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let source = arg
+        .map(PathBuf::from)
+        .unwrap_or_else(|| shared.join("pp2-large/memory_snapshot_rank0_big_step0.pickle.xz"));
+    if !source.exists() {
+        eprintln!("skipping: {} not found", source.display());
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plain = plain_copy(&source, dir.path(), "snapshot.pickle");
+    against_python(&source.display().to_string(), &plain);
+    at_scale(&shared, dir.path());
     simulation(&plain);
+}
+
+/// The 650k-event `stacks="all"` files: report against Python, and compare of two ranks.
+fn at_scale(shared: &Path, dir: &Path) {
+    let mut files = Vec::new();
+    for rank in 0..2 {
+        let source = shared.join(format!(
+            "pp2-stacks-all/memory_snapshot_rank{rank}_step0.pickle.xz"
+        ));
+        let out = dir.join(format!("scale_rank{rank}.pickle"));
+        let made = Command::new("python3")
+            .args(["-c", REPEAT_TRACE])
+            .arg(&source)
+            .arg(&out)
+            .arg("13")
+            .output();
+        match made {
+            Ok(o) if o.status.success() => files.push(out),
+            _ => {
+                eprintln!("skipping the 650k-event file: python3 could not make it");
+                return;
+            }
+        }
+    }
+    let events = Command::new(env!("CARGO_BIN_EXE_memsnap"))
+        .args(["report", "--json"])
+        .arg(&files[0])
+        .output()
+        .ok()
+        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+        .and_then(|v| v["devices"][0]["events"].as_u64())
+        .unwrap_or(0);
+    against_python(
+        &format!("stacks=\"all\", {events} events (pp2-stacks-all rank 0, trace x13)"),
+        &files[0],
+    );
+    let mut times = Vec::new();
+    for _ in 0..RUNS {
+        let t = Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_memsnap"))
+            .arg("compare")
+            .args(&files)
+            .output()
+            .expect("memsnap runs");
+        times.push(t.elapsed());
+        assert!(out.status.success());
+    }
+    println!(
+        "memsnap compare of the two ranks: {:>8.1} ms",
+        median(times).as_secs_f64() * 1e3
+    );
 }
 
 /// Times one simulation of the trace, and of the trace played twice in a row.

@@ -34,11 +34,17 @@ pub mod attribute;
 pub mod chart;
 mod error;
 pub mod export;
+pub mod memory;
 pub mod pickle;
 pub mod replay;
 pub mod report;
 pub mod simulate;
 pub mod snapshot;
 pub mod units;
+
+// Unit tests count memory as the binary does.
+#[cfg(test)]
+#[global_allocator]
+static ALLOCATOR: memory::Counting = memory::Counting;
 
 pub use error::{Error, ErrorKind};

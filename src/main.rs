@@ -4,6 +4,10 @@ mod cli;
 
 use clap::Parser;
 
+/// Heap bytes are counted so that hostile input is refused before it costs (`memsnap::memory`).
+#[global_allocator]
+static ALLOCATOR: memsnap::memory::Counting = memsnap::memory::Counting;
+
 fn main() -> std::process::ExitCode {
     cli::run(cli::Cli::parse())
 }

@@ -6,6 +6,7 @@ mod compare;
 mod errors;
 mod export;
 mod flamegraph;
+mod hostile;
 mod real_world;
 mod report;
 mod scale;

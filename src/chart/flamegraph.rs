@@ -66,7 +66,7 @@ impl Moment {
                 if at > r.time_span_us.1 {
                     return Err(format!(
                         "{s} s is beyond the trace, which lasts {:.3} s",
-                        (r.time_span_us.1 - t0) as f64 / 1e6
+                        r.time_span_us.1.saturating_sub(t0).max(0) as f64 / 1e6
                     ));
                 }
                 Ok(events

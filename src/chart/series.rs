@@ -162,7 +162,7 @@ fn x_positions(
         .enumerate()
         .map(|(i, e)| {
             if has_time {
-                (e.time_us - replay.time_span_us.0).max(0) as f64 / 1e6
+                e.time_us.saturating_sub(replay.time_span_us.0).max(0) as f64 / 1e6
             } else {
                 i as f64
             }

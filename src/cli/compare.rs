@@ -104,7 +104,7 @@ fn load_one(
     options: &analysis::Options,
     chart_options: Option<&chart::Options>,
 ) -> Result<Loaded, memsnap::Error> {
-    let snap = memsnap::snapshot::load(path, &Default::default())?;
+    let snap = memsnap::snapshot::load(path, &super::load_options())?;
     let file = path.display().to_string();
     let rank = compare::rank_from_name(&file);
     let mut profiles = Vec::new();

@@ -37,7 +37,7 @@ impl Format {
                         memsnap export rank0.pickle.xz -o tables/ --format csv"
 )]
 pub struct ExportArgs {
-    /// Snapshot file.
+    /// Snapshot file (`-` reads standard input).
     pub file: PathBuf,
     /// Output folder (created if its parent exists).
     #[arg(short, long, value_name = "DIR")]

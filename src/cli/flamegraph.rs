@@ -27,7 +27,7 @@ pub enum RootArg {
     after_help = "Example:\n  memsnap flamegraph rank0.pickle.xz -o flame.svg --at peak --root step"
 )]
 pub struct FlamegraphArgs {
-    /// Snapshot file.
+    /// Snapshot file (`-` reads standard input).
     pub file: PathBuf,
     /// Output SVG (default: flamegraph.svg); ignored with --folded.
     #[arg(short, long, value_name = "FILE", default_value = "flamegraph.svg")]

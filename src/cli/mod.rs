@@ -33,6 +33,12 @@ pub struct Cli {
     /// No progress bars.
     #[arg(long, short, global = true)]
     quiet: bool,
+    /// Most memory memsnap may hold, e.g. `8GiB`; a file that needs more is refused with an error.
+    #[arg(long, global = true, value_name = "SIZE", default_value = "8GiB", value_parser = parse_size_arg)]
+    max_memory: u64,
+    /// Longest decompressed pickle memsnap reads, e.g. `16GiB`.
+    #[arg(long, global = true, value_name = "SIZE", default_value = "16GiB", value_parser = parse_size_arg)]
+    max_size: u64,
     #[command(subcommand)]
     command: Command,
 }
@@ -243,6 +249,10 @@ pub fn run(cli: Cli) -> ExitCode {
     if cli.quiet {
         ui::quiet();
     }
+    let _ = CAPS.set(memsnap::memory::Caps {
+        max_memory: cli.max_memory,
+        max_size: cli.max_size,
+    });
     exit_code(match cli.command {
         Command::Report(args) => report::run(args),
         Command::Timeline(args) => timeline::run(args),
@@ -270,14 +280,31 @@ fn complain(e: &memsnap::Error) {
     let _ = writeln!(io::stderr(), "memsnap: {e}");
 }
 
+/// The memory and size caps of this run (`--max-memory`, `--max-size`).
+static CAPS: std::sync::OnceLock<memsnap::memory::Caps> = std::sync::OnceLock::new();
+
+/// Options for loading a snapshot under this run's caps, without a progress bar.
+fn load_options() -> memsnap::snapshot::LoadOptions {
+    let mut options = memsnap::snapshot::LoadOptions::default();
+    options.limits.caps = CAPS.get().copied().unwrap_or_default();
+    options
+}
+
 /// Reads a snapshot file, with a progress bar for large ones.
 fn load(path: &Path) -> Result<memsnap::snapshot::Snapshot, memsnap::Error> {
     let progress = ui::LoadProgress::new(path);
     let options = memsnap::snapshot::LoadOptions {
         on_progress: progress.callback(),
-        ..Default::default()
+        ..load_options()
     };
     memsnap::snapshot::load(path, &options)
+}
+
+/// Parses a size argument: bytes, or a number with KiB, MiB, GiB (`8GiB`).
+fn parse_size_arg(text: &str) -> Result<u64, String> {
+    memsnap::simulate::parse_size(text).ok_or_else(|| {
+        format!("{text:?} is not a size (use bytes, or a number with KiB, MiB, GiB)")
+    })
 }
 
 /// A file name without its folder and its `.pickle`/compression suffixes, for output names.

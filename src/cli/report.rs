@@ -12,7 +12,7 @@ use super::{load, parse_dimension, stem, Failure, InputArgs, Tally};
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Example:\n  memsnap report rank0.pickle.xz --by op,site --top 12")]
 pub struct ReportArgs {
-    /// Snapshot files (.pickle, optionally .gz, .xz or .zst).
+    /// Snapshot files (.pickle, optionally .gz, .xz or .zst; `-` reads standard input).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// One JSON object per file instead of text (schema in the README).

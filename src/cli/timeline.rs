@@ -20,7 +20,7 @@ pub enum XArg {
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Example:\n  memsnap timeline rank0.pickle.xz -o steps.png --by step")]
 pub struct TimelineArgs {
-    /// Snapshot file.
+    /// Snapshot file (`-` reads standard input).
     pub file: PathBuf,
     /// Output image: .png or .svg. With several devices, one image each:
     /// `timeline.png` becomes `timeline-device0.png`, `timeline-device1.png`, ...

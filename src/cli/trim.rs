@@ -43,7 +43,7 @@ fn parse_bound(s: &str) -> Result<Bound, String> {
                         memsnap trim big.pickle --from 100000 --to 200000 -o part.pickle"
 )]
 pub struct TrimArgs {
-    /// Snapshot file.
+    /// Snapshot file (`-` reads standard input).
     pub file: PathBuf,
     /// Output snapshot (.pickle, or .pickle.xz to compress it).
     #[arg(short, long, value_name = "FILE")]
@@ -177,20 +177,27 @@ fn window(snap: &Snapshot, replay: &Replay, args: &TrimArgs) -> Result<(usize, u
     let n = replay.len();
     let events = snap.trace(replay.device);
     let t0 = replay.time_span_us.0;
-    let at_seconds = |s: f64| t0 + (s * 1e6) as i64;
+    let at_seconds = |s: f64| t0.saturating_add((s * 1e6) as i64);
     let no_times = || "the trace has no times: give event indices instead".to_string();
     if let Some(around) = args.around_peak {
         let peak = replay.peaks.allocated.event.unwrap_or(0);
         return Ok(match around {
-            Bound::Event(k) => (peak.saturating_sub(k), (peak + k + 1).min(n)),
+            Bound::Event(k) => (
+                peak.saturating_sub(k),
+                peak.saturating_add(k).saturating_add(1).min(n),
+            ),
             Bound::Seconds(s) => {
                 if t0 == 0 {
                     return Err(no_times());
                 }
                 let t = events[peak].time_us;
                 let d = (s * 1e6) as i64;
-                let from = events.partition_point(|e| e.time_us < t - d).min(peak);
-                let to = events.partition_point(|e| e.time_us <= t + d).max(peak + 1);
+                let from = events
+                    .partition_point(|e| e.time_us < t.saturating_sub(d))
+                    .min(peak);
+                let to = events
+                    .partition_point(|e| e.time_us <= t.saturating_add(d))
+                    .max(peak + 1);
                 (from, to)
             }
         });

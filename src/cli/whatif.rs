@@ -91,7 +91,7 @@ fn parse_conf(flag: &str, text: &str) -> Result<AllocConf, Failure> {
     after_help = "Example:\n  memsnap whatif rank0.pickle.xz --cap 9.04GiB --try expandable_segments:True --try max_split_size_mb:256 --min-cap"
 )]
 pub struct WhatIfArgs {
-    /// Snapshot files.
+    /// Snapshot files (`-` reads standard input).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// Allocator settings to simulate (a PYTORCH_CUDA_ALLOC_CONF string); default: the
@@ -116,7 +116,7 @@ pub struct WhatIfArgs {
     after_help = "Example:\n  memsnap oom memory_snapshot_rank0_oom.pickle.xz --device-total 139.80GiB"
 )]
 pub struct OomArgs {
-    /// Snapshot files.
+    /// Snapshot files (`-` reads standard input).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// Rows per table.

@@ -95,6 +95,20 @@ pub enum DecodeErrorKind {
     /// More values than the limit allows.
     #[error("more than {0} values: refusing to use more memory")]
     TooManyValues(u64),
+    /// Decoding holds far more memory than the pickle read so far could need: a memory bomb.
+    #[error("the pickle's first {} build {} of objects, more than a snapshot needs (64 MiB + 2x what was read); refusing a likely memory bomb", crate::units::bytes(*.read), crate::units::bytes(*.held))]
+    MemoryBomb {
+        /// Heap bytes the decoder held.
+        held: u64,
+        /// Bytes of pickle read.
+        read: u64,
+    },
+    /// The process reached `--max-memory`.
+    #[error("memory use reached the limit of {} (raise it with --max-memory)", crate::units::bytes(*.0))]
+    MemoryLimit(u64),
+    /// The decompressed pickle is longer than `--max-size`.
+    #[error("the pickle is larger than the limit of {} (raise it with --max-size)", crate::units::bytes(*.0))]
+    SizeLimit(u64),
     /// Protocol-5 out-of-band buffers.
     #[error("out-of-band buffers (pickle protocol 5) cannot be read from a file")]
     OutOfBand,

@@ -74,18 +74,23 @@ pub fn decompressing<R: Read + Send + 'static>(
     Ok((reader, kind))
 }
 
-/// Opens `path` for decoding. `on_read` is told how many raw bytes each read consumed (for a
+/// The path that names standard input (`memsnap report -`).
+pub const STDIN: &str = "-";
+
+/// Opens `path` for decoding; [`STDIN`] reads standard input (a pipe: its size is unknown, 0). `on_read` is told how many raw bytes each read consumed (for a
 /// progress bar); the second value is the file's size.
 pub fn open(
     path: &Path,
     on_read: Box<dyn FnMut(u64) + Send>,
 ) -> io::Result<(Box<dyn Read + Send>, Compression, u64)> {
-    let file = File::open(path)?;
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let counted = Counting {
-        inner: BufReader::with_capacity(1 << 16, file),
-        on_read,
+    let (inner, len): (Box<dyn Read + Send>, u64) = if path == Path::new(STDIN) {
+        (Box::new(BufReader::with_capacity(1 << 16, io::stdin())), 0)
+    } else {
+        let file = File::open(path)?;
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        (Box::new(BufReader::with_capacity(1 << 16, file)), len)
     };
+    let counted = Counting { inner, on_read };
     let (reader, kind) = decompressing(counted)?;
     Ok((reader, kind, len))
 }

@@ -26,6 +26,8 @@ pub struct Limits {
     /// Refuse, as not a pickle, input whose first byte no pickle starts with (off for
     /// decoding bare opcode sequences).
     pub check_start: bool,
+    /// Memory and size caps (`--max-memory`, `--max-size`).
+    pub caps: crate::memory::Caps,
 }
 
 impl Default for Limits {
@@ -35,6 +37,7 @@ impl Default for Limits {
             max_string_bytes: 256 << 20,
             size_hint: 0,
             check_start: true,
+            caps: crate::memory::Caps::DEFAULT,
         }
     }
 }
@@ -87,7 +90,15 @@ struct Vm<'a, A: Adopter> {
     limits: Limits,
     adopter: &'a mut A,
     offset: u64,
+    /// Opcodes run since the last look at memory.
+    since_check: u32,
+    /// This thread's heap tally when decoding began.
+    thread_base: i64,
 }
+
+/// Opcodes between two looks at memory: often enough that no flood gets far past a limit
+/// (each opcode holds at most a few dozen bytes, or one object no larger than its input).
+const CHECK_EVERY: u32 = 4096;
 
 /// Decodes one pickle from `input`, handing completed values to `adopter`.
 pub fn decode_with<R: Read, A: Adopter>(
@@ -103,12 +114,14 @@ pub fn decode_with<R: Read, A: Adopter>(
         stack: Vec::with_capacity(1024),
         marks: Vec::with_capacity(64),
         // A memo entry costs at least 2 pickle bytes (a value and MEMOIZE); real files use ~35.
-        memo: Memo::with_capacity((limits.size_hint / 24).min(1 << 26) as usize),
+        memo: Memo::with_capacity((limits.size_hint / 24).min(1 << 20) as usize),
         protocol: 0,
         values: 0,
         limits,
         adopter,
         offset: 0,
+        since_check: 0,
+        thread_base: crate::memory::thread_bytes(),
     };
     if let (true, Ok(Some(first))) = (vm.limits.check_start, reader.peek()) {
         if !can_start_a_pickle(first) {
@@ -204,6 +217,9 @@ impl<A: Adopter> Vm<'_, A> {
                     let more = r.window().len();
                     r.advance(more);
                     extra += 1 + more as u64;
+                    if r.offset() > self.limits.caps.max_size {
+                        return Err(self.err(DecodeErrorKind::SizeLimit(self.limits.caps.max_size)));
+                    }
                 }
                 Ok(None) => break,
                 Err(e) => return Err(self.read_err(e)),
@@ -391,9 +407,32 @@ impl<A: Adopter> Vm<'_, A> {
         self.push(value)
     }
 
+    /// Refuses to go on when the pickle is longer than `--max-size`, the process holds more than
+    /// `--max-memory`, or decoding holds more than a snapshot of the length read could need.
+    #[cold]
+    fn check_memory(&self, read: u64) -> Result<(), DecodeError> {
+        let caps = self.limits.caps;
+        if read > caps.max_size {
+            return Err(self.err(DecodeErrorKind::SizeLimit(caps.max_size)));
+        }
+        if crate::memory::process_bytes() > caps.max_memory {
+            return Err(self.err(DecodeErrorKind::MemoryLimit(caps.max_memory)));
+        }
+        let held = (crate::memory::thread_bytes() - self.thread_base).max(0) as u64;
+        if held > crate::memory::BASE_ALLOWANCE.saturating_add(read.saturating_mul(2)) {
+            return Err(self.err(DecodeErrorKind::MemoryBomb { held, read }));
+        }
+        Ok(())
+    }
+
     fn run<R: Read>(&mut self, r: &mut Reader<R>) -> Result<Value, DecodeError> {
         loop {
             self.offset = r.offset();
+            self.since_check += 1;
+            if self.since_check >= CHECK_EVERY {
+                self.since_check = 0;
+                self.check_memory(self.offset)?;
+            }
             if self.fast_step(r)? {
                 continue;
             }

@@ -32,7 +32,8 @@ impl SizeRules {
         if divisions > 1 && size > MIN_BLOCK * divisions {
             next_power2_division(size, divisions)
         } else {
-            size.div_ceil(MIN_BLOCK) * MIN_BLOCK
+            // Saturating: a size near 2^64 (never real) must not wrap to 0.
+            size.div_ceil(MIN_BLOCK).saturating_mul(MIN_BLOCK)
         }
     }
 
@@ -62,13 +63,13 @@ fn next_power2_division(size: u64, divisions: u64) -> u64 {
     let floor = 1u64 << (63 - size.leading_zeros());
     let step = floor >> (63 - divisions.leading_zeros());
     if step == 0 {
-        return floor << 1;
+        return floor.saturating_mul(2);
     }
     let down = size & !(step - 1);
     if down == size {
         size
     } else {
-        down + step
+        down.saturating_add(step)
     }
 }
 

@@ -16,8 +16,18 @@ struct Recording {
     preexisting: Vec<Preexisting>,
     ooms: Vec<Oom>,
     anomalies: u64,
+    /// The first events whose size no GPU could hold (skipped).
+    oversized: Vec<(usize, u64)>,
     peaks: Peaks,
 }
+
+/// Sizes above this (256 TiB) are not real: such an event is an anomaly and is skipped, as the
+/// allocator would have refused it.
+pub const MAX_REAL_SIZE: u64 = 1 << 48;
+
+/// Nor are totals above this (4 PiB): keeping every sum of live bytes below it means no sum
+/// of them anywhere can wrap.
+pub const MAX_REAL_TOTAL: u64 = 1 << 52;
 
 impl Recording {
     fn new(n: usize, start: Totals, preexisting: Vec<Preexisting>, anomalies: u64) -> Recording {
@@ -35,6 +45,7 @@ impl Recording {
             preexisting,
             ooms: Vec::new(),
             anomalies,
+            oversized: Vec::new(),
             peaks: Peaks {
                 allocated: at_start(start.allocated),
                 requested: at_start(start.requested),
@@ -230,21 +241,33 @@ impl<'a> Replayer<'a> {
         let start = self.start_totals();
         let start_layout = self.start_layout();
         let mut rec = Recording::new(self.events.len(), start, preexisting, self.misplaced);
-        let t0 = self.events.iter().map(|e| e.time_us).find(|&t| t != 0);
+        // The earliest time, not the first: a clock that goes backwards (an anomaly the report
+        // counts) must not make offsets negative.
+        let t0 = self
+            .events
+            .iter()
+            .map(|e| e.time_us)
+            .filter(|&t| t != 0)
+            .min();
         let t0 = t0.unwrap_or(0);
         for (i, e) in self.events.iter().enumerate() {
             self.apply(i, e, &mut rec);
-            let offset = if e.time_us != 0 { e.time_us - t0 } else { 0 };
+            let offset = if e.time_us != 0 {
+                e.time_us.saturating_sub(t0)
+            } else {
+                0
+            };
             rec.close_event(i, offset, start.reserved);
         }
         let t_end = self
             .events
             .iter()
-            .rev()
             .map(|e| e.time_us)
-            .find(|&t| t != 0)
+            .filter(|&t| t != 0)
+            .max()
             .unwrap_or(0);
         let anomalies = rec.anomalies;
+        let oversized = std::mem::take(&mut rec.oversized);
         let mut replay = Replay {
             device: self.device,
             model: self.model,
@@ -269,6 +292,14 @@ impl<'a> Replayer<'a> {
             start_layout,
         };
         replay.check = self.check_end(&replay, anomalies);
+        for (i, size) in oversized {
+            replay.check.consistent = false;
+            replay.check.examples.push(format!(
+                "event {i}: {} of {size} bytes, more than any GPU holds (over 2^48): skipped, \
+                 as the allocator would have refused it",
+                self.events[i].action.as_str()
+            ));
+        }
         if self.model == SizeModel::Rounded {
             anchor_at_end(&mut replay);
         }
@@ -310,17 +341,21 @@ impl<'a> Replayer<'a> {
     /// The four figures of the state rebuilt for trace start.
     fn start_totals(&self) -> Totals {
         let mut t = Totals {
-            reserved: self.state.ranges.values().map(|r| r.size).sum(),
+            reserved: self
+                .state
+                .ranges
+                .values()
+                .fold(0u64, |sum, r| sum.saturating_add(r.size)),
             ..Totals::default()
         };
         for b in self.state.blocks.values() {
             match b.state {
                 Use::Live => {
-                    t.allocated += b.size;
-                    t.requested += b.requested;
-                    t.active += b.size;
+                    t.allocated = t.allocated.saturating_add(b.size);
+                    t.requested = t.requested.saturating_add(b.requested);
+                    t.active = t.active.saturating_add(b.size);
                 }
-                Use::Pending => t.active += b.size,
+                Use::Pending => t.active = t.active.saturating_add(b.size),
                 Use::Free => {}
             }
         }
@@ -329,6 +364,21 @@ impl<'a> Replayer<'a> {
 
     /// Applies one event to the simulated state and the running figures.
     fn apply(&mut self, i: usize, e: &TraceEvent, rec: &mut Recording) {
+        let grows = matches!(
+            e.action,
+            Action::Alloc | Action::SegmentAlloc | Action::SegmentMap
+        );
+        let total = match e.action {
+            Action::Alloc => rec.t.allocated,
+            _ => rec.t.reserved,
+        };
+        if grows && (e.size > MAX_REAL_SIZE || total.saturating_add(e.size) > MAX_REAL_TOTAL) {
+            rec.anomalies += 1;
+            if rec.oversized.len() < 3 {
+                rec.oversized.push((i, e.size));
+            }
+            return;
+        }
         let t = &mut rec.t;
         match e.action {
             Action::Alloc => {
@@ -339,9 +389,9 @@ impl<'a> Replayer<'a> {
                     SizeModel::Rounded => rounded,
                 };
                 rec.bytes[i] = counted;
-                t.allocated += counted;
-                t.requested += e.size;
-                t.active += counted;
+                t.allocated = t.allocated.saturating_add(counted);
+                t.requested = t.requested.saturating_add(e.size);
+                t.active = t.active.saturating_add(counted);
             }
             Action::FreeRequested => match self.state.blocks.get(&e.addr).copied() {
                 Some(b) if b.state == Use::Live => {
@@ -380,7 +430,7 @@ impl<'a> Replayer<'a> {
             Action::SegmentAlloc => {
                 self.state.map_range(e.addr, e.size, false);
                 self.state.put(e.addr, Blk::free(e.size));
-                t.reserved += e.size;
+                t.reserved = t.reserved.saturating_add(e.size);
             }
             Action::SegmentFree => {
                 self.state.ranges.remove(&e.addr);
@@ -389,7 +439,7 @@ impl<'a> Replayer<'a> {
             }
             Action::SegmentMap => {
                 self.state.map_pages(e.addr, e.size);
-                t.reserved += e.size;
+                t.reserved = t.reserved.saturating_add(e.size);
             }
             Action::SegmentUnmap => {
                 self.state.unmap_pages(e.addr, e.size);

@@ -22,6 +22,8 @@
 
 mod allocator;
 mod engine;
+
+pub use engine::{MAX_REAL_SIZE, MAX_REAL_TOTAL};
 mod state;
 
 pub use allocator::{SizeRules, MIN_BLOCK, SMALL_SIZE};

@@ -4,7 +4,7 @@
 //! before an out-of-memory retry, garbage collection) is left out: the simulation decides that
 //! again under the settings it is given.
 
-use crate::replay::{Replay, NONE, PREEXISTING};
+use crate::replay::{Replay, MAX_REAL_SIZE, NONE, PREEXISTING};
 use crate::snapshot::{Action, SegmentType, Snapshot, TraceEvent};
 
 /// One request of the program, in trace order.
@@ -112,7 +112,8 @@ impl Program {
         while i < n {
             let e = &events[i];
             match e.action {
-                Action::Alloc => ops.push((
+                // An allocation the replay skipped (a size no GPU holds) is left out too.
+                Action::Alloc if replay.bytes[i] != 0 => ops.push((
                     i,
                     Op::Alloc {
                         req: i as u32,
@@ -160,7 +161,7 @@ impl Program {
                             _ => None,
                         });
                         if let Some((size, rounded)) = request {
-                            refusals.push((i, size, rounded));
+                            refusals.push((i, size.min(MAX_REAL_SIZE), rounded));
                         }
                     }
                     i = end;
@@ -169,7 +170,7 @@ impl Program {
                 Action::Oom => ops.push((
                     i,
                     Op::Fail {
-                        size: e.size,
+                        size: e.size.min(MAX_REAL_SIZE),
                         stream: e.stream,
                     },
                 )),

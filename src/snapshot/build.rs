@@ -217,9 +217,10 @@ impl Adopter for EntryCompactor {
             let id = heap.intern(key);
             debug_assert_eq!(id, StrId(i as u32), "keys go first into a fresh heap");
         }
-        // A trace entry takes at least ~40 pickle bytes; reserving is free until written.
+        // A trace entry takes at least ~40 pickle bytes. The reservation is capped: the decoder
+        // counts what it holds against what it has read, reserved or not.
         self.events
-            .reserve((limits.size_hint / 40).min(1 << 26) as usize);
+            .reserve((limits.size_hint / 40).min(1 << 18) as usize);
     }
 
     fn adopt(
@@ -241,6 +242,11 @@ impl Adopter for EntryCompactor {
                 if action {
                     let ev = self.event_of(heap, d)?;
                     let handle = Value::Handle(EVENT, self.events.len() as u32);
+                    if self.events.len() == self.events.capacity() {
+                        // Grow by a quarter, not double: the table is the largest thing decoding
+                        // keeps, and its slack counts against the memory allowance.
+                        self.events.reserve_exact(self.events.len() / 4 + 4096);
+                    }
                     self.events.push(ev);
                     heap.replace_dict(d, handle);
                     Ok(handle)
@@ -271,6 +277,12 @@ impl Adopter for EntryCompactor {
         }
     }
 }
+
+/// Largest segment or block size accepted (2^48 bytes).
+const MAX_SIZE: u64 = 1 << 48;
+
+/// Most segment bytes one device may have (2^52 bytes): beyond any GPU, and far from wrapping.
+const MAX_DEVICE_BYTES: u64 = 1 << 52;
 
 fn str_id(v: Value) -> Option<StrId> {
     match v {
@@ -340,9 +352,25 @@ fn signed_slow(heap: &Heap, v: Value, what: &str) -> Result<i64, FieldError> {
 struct Reader<'a> {
     heap: &'a Heap,
     compactor: &'a mut EntryCompactor,
+    /// Segment and block dicts already read: PyTorch writes each once, and a pickle that
+    /// shares one many times (n segments sharing a list of n blocks) would cost n² to expand.
+    seen: rustc_hash::FxHashSet<u64>,
 }
 
 impl Reader<'_> {
+    /// Refuses a segment or block dict that was already read.
+    fn once(&mut self, d: Ref, ctx: &str) -> Result<(), FieldError> {
+        if self.seen.insert(d.pack()) {
+            Ok(())
+        } else {
+            Err(FieldError::new(
+                ctx,
+                "an object listed twice",
+                "each segment and block once (as PyTorch writes them)",
+            ))
+        }
+    }
+
     fn key(&self, d: Ref, name: &str) -> Option<Value> {
         self.heap
             .lookup(name)
@@ -369,6 +397,19 @@ impl Reader<'_> {
             .transpose()
     }
 
+    /// A byte count of a segment or block: no GPU holds more than 2^48 bytes (256 TiB), and
+    /// keeping sizes below that keeps every sum of them exact.
+    fn size_field(&self, d: Ref, name: &str, ctx: &str) -> Result<Option<u64>, FieldError> {
+        match self.u64_field(d, name, ctx)? {
+            Some(v) if v > MAX_SIZE => Err(FieldError::new(
+                format!("{ctx}.{name}"),
+                v.to_string(),
+                "a size below 2^48 bytes (256 TiB)",
+            )),
+            other => Ok(other),
+        }
+    }
+
     fn list_items(&self, v: Value, ctx: &str) -> Result<&[Value], FieldError> {
         match v {
             Value::List(l) | Value::Tuple(l) => Ok(self.heap.list(l)),
@@ -393,8 +434,9 @@ impl Reader<'_> {
     fn segment(&mut self, v: Value, i: usize) -> Result<Segment, FieldError> {
         let ctx = format!("segments[{i}]");
         let d = self.dict_id(v, &ctx)?;
+        self.once(d, &ctx)?;
         let address = self.u64_field(d, "address", &ctx)?.unwrap_or(0);
-        let total_size = self.u64_field(d, "total_size", &ctx)?.unwrap_or(0);
+        let total_size = self.size_field(d, "total_size", &ctx)?.unwrap_or(0);
         let segment_type = match self.key(d, "segment_type").and_then(|v| self.heap.text(v)) {
             Some("small") => SegmentType::Small,
             Some(_) => SegmentType::Large,
@@ -448,7 +490,8 @@ impl Reader<'_> {
 
     fn block(&mut self, v: Value, ctx: &str, cursor: u64) -> Result<Block, FieldError> {
         let d = self.dict_id(v, ctx)?;
-        let size = self.u64_field(d, "size", ctx)?.unwrap_or(0);
+        self.once(d, ctx)?;
+        let size = self.size_field(d, "size", ctx)?.unwrap_or(0);
         let state = match self.key(d, "state").and_then(|v| self.heap.text(v)) {
             Some("active_allocated") => BlockState::ActiveAllocated,
             Some("active_pending_free") | Some("active_awaiting_free") => {
@@ -457,7 +500,7 @@ impl Reader<'_> {
             _ => BlockState::Inactive,
         };
         let mut stack = self.stack_field(d);
-        let mut requested = self.u64_field(d, "requested_size", ctx)?;
+        let mut requested = self.size_field(d, "requested_size", ctx)?;
         // torch 2.0: the allocation stack and request live in history[0].
         if let Some(Value::List(h)) = self.key(d, "history") {
             if let Some(&Value::Dict(first)) = self.heap.list(h).first() {
@@ -575,6 +618,16 @@ fn take_traces(
     lists: &[Value],
 ) -> Result<Vec<Vec<TraceEvent>>, FieldError> {
     let mut ids: Vec<Vec<u32>> = Vec::with_capacity(lists.len());
+    // Each entry may be listed once: a list that repeats one (or one list given for several
+    // devices) is refused at its first repeat, before anything is copied.
+    let mut taken = vec![false; compactor.events.len()];
+    let twice = || {
+        FieldError::new(
+            "device_traces",
+            "a list holding one trace entry twice",
+            "each entry once (as PyTorch writes them)",
+        )
+    };
     for (dev, &list) in lists.iter().enumerate() {
         let items = match list {
             Value::List(l) | Value::Tuple(l) => heap.list(l),
@@ -586,15 +639,16 @@ fn take_traces(
                 ))
             }
         };
-        let mut rows = Vec::with_capacity(items.len());
+        let mut rows = Vec::with_capacity(items.len().min(taken.len() + 1));
         for (i, &item) in items.iter().enumerate() {
-            match heap.forwarded(item).unwrap_or(item) {
-                Value::Handle(EVENT, r) => rows.push(r),
+            let row = match heap.forwarded(item).unwrap_or(item) {
+                Value::Handle(EVENT, r) => r,
                 Value::Dict(d) => {
                     // A dict completed after it was stored (never from PyTorch): convert now.
                     let ev = compactor.event_of(heap, d)?;
                     compactor.events.push(ev);
-                    rows.push((compactor.events.len() - 1) as u32);
+                    taken.push(false);
+                    (compactor.events.len() - 1) as u32
                 }
                 other => {
                     return Err(FieldError::new(
@@ -603,25 +657,16 @@ fn take_traces(
                         "a trace entry dict",
                     ))
                 }
+            };
+            let slot = taken
+                .get_mut(row as usize)
+                .ok_or_else(|| FieldError::new("device_traces", "out of range", "a trace entry"))?;
+            if std::mem::replace(slot, true) {
+                return Err(twice());
             }
+            rows.push(row);
         }
         ids.push(rows);
-    }
-    let mut taken = vec![false; compactor.events.len()];
-    for rows in &ids {
-        for &r in rows {
-            let slot = taken
-                .get_mut(r as usize)
-                .ok_or_else(|| FieldError::new("device_traces", "out of range", "a trace entry"))?;
-            if *slot {
-                return Err(FieldError::new(
-                    "device_traces",
-                    "a list holding one trace entry twice",
-                    "each entry once (as PyTorch writes them)",
-                ));
-            }
-            *slot = true;
-        }
     }
     drop(taken);
     let contiguous = ids
@@ -698,6 +743,7 @@ pub(crate) fn assemble(
     let mut reader = Reader {
         heap,
         compactor: &mut compactor,
+        seen: Default::default(),
     };
     if let Some(v) = segments {
         let items = reader.list_items(v, "segments").map_err(invalid)?.to_vec();
@@ -711,8 +757,22 @@ pub(crate) fn assemble(
                 }
             }
         }
+        let mut per_device: rustc_hash::FxHashMap<u32, u64> = Default::default();
         for (i, s) in items.into_iter().enumerate() {
             let seg = reader.segment(s, i).map_err(invalid)?;
+            let blocks = seg
+                .blocks
+                .iter()
+                .fold(0u64, |sum, b| sum.saturating_add(b.size));
+            let total = per_device.entry(seg.device).or_default();
+            *total = total.saturating_add(seg.total_size.max(blocks));
+            if *total > MAX_DEVICE_BYTES {
+                return Err(invalid(FieldError::new(
+                    format!("segments[..={i}]"),
+                    format!("more than 2^52 bytes on device {}", seg.device),
+                    "what a GPU can hold",
+                )));
+            }
             snap.segments.push(seg);
         }
     }
@@ -787,5 +847,12 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<Snapshot, Error> {
     })?;
     snap.source.compression = Some(compression);
     snap.source.file_bytes = file_bytes;
+    if crate::memory::process_bytes() > limits.caps.max_memory {
+        return Err(wrap(ErrorKind::Decode(pickle::DecodeError {
+            offset: snap.source.pickle_bytes,
+            kind: pickle::DecodeErrorKind::MemoryLimit(limits.caps.max_memory),
+            decompressed: compressed,
+        })));
+    }
     Ok(snap)
 }

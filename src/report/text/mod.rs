@@ -176,9 +176,19 @@ fn status_line(d: &DeviceReport) -> Vec<String> {
     });
     if d.check.anomalies > 0 {
         parts.push(format!(
-            "{} the replay could not place (frees of unknown blocks, allocations on no free block)",
+            "{} the replay could not place (frees of unknown blocks, allocations on no free \
+             block, sizes no GPU holds)",
             units::counted(d.check.anomalies, "event")
         ));
+        // the impossible sizes, by event index
+        for example in d
+            .check
+            .examples
+            .iter()
+            .filter(|e| e.contains("more than any GPU"))
+        {
+            parts.push(example.clone());
+        }
     }
     if d.unknown_actions > 0 {
         parts.push(format!(

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds the seed corpus of every fuzz target in fuzz/corpus/<target>/:
+# - every testdata and shared snapshot, decompressed when under 64 KiB, else cut by
+#   `memsnap trim` to the 40 events around its peak (a few KiB, so that each run is fast);
+# - the values pickles of testdata/pickle (protocols 0 to 5);
+# - small hostile constructions (memo, container, MARK and FRAME floods, huge length prefixes,
+#   shared segments and trace lists, sizes near 2^64);
+# - allocator settings strings and a rules file for the `settings` target.
+# Usage: fuzz/seeds.sh [path to a memsnap binary]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin="${1:-target/release/memsnap}"
+out=fuzz/corpus
+mkdir -p "$out/decode" "$out/settings"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+n=0
+for f in $(find testdata ../shared/snapshots -name '*.pickle*' 2>/dev/null | sort); do
+  n=$((n + 1))
+  case "$f" in
+    *.xz) xz -dc "$f" > "$tmp/plain" ;;
+    *) cp "$f" "$tmp/plain" ;;
+  esac
+  if [ "$(stat -c %s "$tmp/plain")" -le 65536 ]; then
+    cp "$tmp/plain" "$out/decode/snapshot-$n.pickle"
+  else
+    "$bin" trim --quiet "$tmp/plain" --around-peak 40 -o "$tmp/cut-$n.pickle" >/dev/null 2>&1 \
+      && cp "$tmp"/cut-$n*.pickle "$out/decode/" || true
+    rm -f "$tmp"/cut-$n*.pickle
+  fi
+done
+python3 - "$out/decode" <<'PY'
+import os, struct, sys
+d = sys.argv[1]
+def w(name, data):
+    open(os.path.join(d, name), "wb").write(data)
+P = b"\x80\x04"
+w("memoize", P + b"N" + b"\x94" * 5000 + b".")
+w("empty-lists", P + b"(" + b"]" * 5000 + b"1N.")
+w("marks", P + b"(1" * 5000 + b"N.")
+w("frames", P + (b"\x95" + struct.pack("<Q", 0)) * 1000 + b"N.")
+w("long-prefix", P + b"\x8d" + struct.pack("<Q", 1 << 62) + b"abc")
+w("sparse-memo", P + b"N" + b"".join(b"r" + struct.pack("<I", 0xFFFFFFFF - i) for i in range(500)) + b".")
+def t(s): return b"\x8c" + bytes([len(s)]) + s.encode()
+def i(v): return b"J" + struct.pack("<i", v)
+ev = lambda a, addr, size: b"}(" + t("action") + t(a) + t("addr") + i(addr) + t("size") + size + t("stream") + i(0) + t("time_us") + i(addr) + b"u"
+big = b"\x8a\x09" + (2**64 - 1).to_bytes(9, "little")
+trace = ev("segment_alloc", 1 << 20, i(2 << 20)) + ev("alloc", 1 << 20, i(512)) + ev("alloc", 1 << 21, big) + ev("free_requested", 1 << 20, i(512)) + ev("free_completed", 1 << 20, i(512))
+w("huge-sizes", P + b"}(" + t("segments") + b"]" + t("device_traces") + b"]((" + trace + b"leu.")
+w("shared-trace", P + b"}(" + t("segments") + b"]" + t("device_traces") + b"]((" + ev("alloc", 0, i(512)) + b"lr\x07\x00\x00\x00j\x07\x00\x00\x00eu.")
+PY
+for file in testdata/pickle/*.pickle; do cp "$file" "$out/decode/"; done
+cp -r "$out/decode/." "$out/analyse/" 2>/dev/null || { mkdir -p "$out/analyse"; cp -r "$out/decode/." "$out/analyse/"; }
+mkdir -p "$out/simulate" && cp -r "$out/decode/." "$out/simulate/"
+printf 'expandable_segments:True' > "$out/settings/expandable"
+printf 'max_split_size_mb:256,roundup_power2_divisions:[256:1,512:2,1024:4,>:8]' > "$out/settings/split"
+printf 'garbage_collection_threshold:0.6,max_split_size_mb:64' > "$out/settings/gc"
+printf '9.04GiB' > "$out/settings/size"
+cp examples/rules.toml "$out/settings/rules.toml"
+echo "seeds: $(ls "$out/decode" | wc -l) pickles, $(ls "$out/settings" | wc -l) texts"

@@ -1,0 +1,162 @@
+"""memsnap from Python: explain PyTorch CUDA memory snapshots without leaving the training script.
+
+Every function takes a snapshot as a path (``.pickle``, optionally ``.gz``, ``.xz`` or ``.zst``)
+or as the dict that ``torch.cuda.memory._snapshot()`` returns. A dict is pickled and sent to the
+``memsnap`` command through a pipe; nothing is written to disk and torch is not imported here.
+
+    import memsnap
+    summary = memsnap.report("rank0.pickle")
+    print(summary["devices"][0]["peak"]["allocated"])
+
+    try:
+        train_step()
+    except torch.OutOfMemoryError:
+        explained = memsnap.oom(torch.cuda.memory._snapshot())
+        print(explained["devices"][0]["oom"]["verdict"])
+
+Options are the command's long flags with dashes written as underscores: ``device=1`` is
+``--device 1``, ``alloc_conf="expandable_segments:True"`` is ``--alloc-conf ...``, ``True`` adds a
+bare flag and ``False`` or ``None`` leaves it out. A failure raises :class:`MemsnapError` with
+the command's one-line message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+try:
+    from importlib.metadata import version as _version
+
+    __version__ = _version("memsnap")
+except Exception:  # not installed as a package (running from a source tree)
+    __version__ = "unknown"
+
+__all__ = ["MemsnapError", "binary", "report", "oom", "timeline", "whatif", "compare", "run"]
+
+Snapshot = Union[str, "os.PathLike[str]", Dict[str, Any]]
+
+
+class MemsnapError(RuntimeError):
+    """The ``memsnap`` command failed; ``exit_code`` is 1 for a file it could not analyse and 2
+    for a usage error."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def binary() -> str:
+    """Path of the ``memsnap`` executable: ``$MEMSNAP_BINARY`` when set, else the one this
+    package installed beside the interpreter's scripts, else the first on ``PATH``."""
+    override = os.environ.get("MEMSNAP_BINARY")
+    if override:
+        return override
+    name = "memsnap.exe" if sys.platform == "win32" else "memsnap"
+    candidates = [Path(sysconfig.get_path("scripts")) / name, Path(sys.executable).parent / name]
+    user_scripts = sysconfig.get_path("scripts", f"{os.name}_user")
+    if user_scripts:
+        candidates.append(Path(user_scripts) / name)
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("memsnap")
+    if found:
+        return found
+    raise MemsnapError("the memsnap command was not found: reinstall the memsnap wheel", 2)
+
+
+def _flags(options: Dict[str, Any]) -> List[str]:
+    args: List[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            args.append(flag)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                args += [flag, str(item)]
+        else:
+            args += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
+    return args
+
+
+def _source(snapshot: Snapshot):
+    """The command-line argument naming the snapshot, and the bytes to send on standard input."""
+    if isinstance(snapshot, dict):
+        return "-", pickle.dumps(snapshot, protocol=4)
+    if isinstance(snapshot, (str, os.PathLike)):
+        return os.fspath(snapshot), None
+    raise TypeError(
+        "a snapshot is a path or the dict torch.cuda.memory._snapshot() returns, not "
+        + type(snapshot).__name__
+    )
+
+
+def run(args: List[str], stdin: Optional[bytes] = None) -> str:
+    """Runs ``memsnap`` with ``args`` and returns what it printed; raises :class:`MemsnapError`
+    when it exits non-zero."""
+    done = subprocess.run(
+        [binary(), *args],
+        input=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    if done.returncode != 0:
+        message = done.stderr.decode("utf-8", "replace").strip() or f"memsnap exited {done.returncode}"
+        raise MemsnapError(message, done.returncode)
+    return done.stdout.decode("utf-8")
+
+
+def _json_command(command: str, snapshot: Snapshot, options: Dict[str, Any]) -> Dict[str, Any]:
+    path, data = _source(snapshot)
+    out = run([command, "--json", "--quiet", *_flags(options), path], stdin=data)
+    return json.loads(out)
+
+
+def report(snapshot: Snapshot, **options: Any) -> Dict[str, Any]:
+    """The ``memsnap report --json`` object: peaks, breakdowns, steps and OOM explanation per
+    device. Options as in ``memsnap report --help`` (``device``, ``rules``, ``source_root``, ...)."""
+    return _json_command("report", snapshot, options)
+
+
+def oom(snapshot: Snapshot, **options: Any) -> Dict[str, Any]:
+    """The ``memsnap oom --json`` object: the failed request, the verdict (fragmentation, capacity
+    or cap), what was live, and settings that would fit. Options: ``cap``, ``device_total``, ..."""
+    return _json_command("oom", snapshot, options)
+
+
+def whatif(snapshot: Snapshot, **options: Any) -> Dict[str, Any]:
+    """The ``memsnap whatif --json`` object: the trace replayed under other allocator settings
+    (``alloc_conf="expandable_segments:True"``, ``cap="40GiB"``, ...)."""
+    return _json_command("whatif", snapshot, options)
+
+
+def timeline(snapshot: Snapshot, output: Union[str, "os.PathLike[str]"], by: str = "category", **options: Any) -> List[str]:
+    """Draws memory over time into ``output`` (.png or .svg), stacked by ``by`` (category, step,
+    op, stage, site, phase or annotation), and returns the image paths written (one per device)."""
+    path, data = _source(snapshot)
+    out = os.fspath(output)
+    flags = _flags({"output": out, "by": by, **options})
+    run(["timeline", "--quiet", *flags, path], stdin=data)
+    written = [out]
+    if not Path(out).exists():
+        base, ext = os.path.splitext(out)
+        parent = Path(out).parent
+        written = sorted(str(p) for p in parent.glob(Path(base).name + "-device*" + ext))
+    return written
+
+
+def compare(*snapshots: Union[str, "os.PathLike[str]"], **options: Any) -> Dict[str, Any]:
+    """The ``memsnap compare --json`` object for two or more snapshot files, folders or report
+    summaries (``.json``/``.jsonl``)."""
+    paths = [os.fspath(s) for s in snapshots]
+    return json.loads(run(["compare", "--json", "--quiet", *_flags(options), *paths]))

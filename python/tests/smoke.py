@@ -1,0 +1,65 @@
+"""Smoke test of the installed wheel: the `memsnap` command and the Python module, on a bundled
+snapshot whose peak PyTorch printed (`max_memory_allocated=3090155008` in its log.txt).
+
+Run from the repository root with the venv's interpreter: `python python/tests/smoke.py`.
+"""
+
+import lzma
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+
+import memsnap
+
+SNAPSHOT = "testdata/snapshots/single-gpu/memory_snapshot_rank0_step1.pickle.xz"
+PRINTED_PEAK = 3090155008
+OOM_SNAPSHOT = "testdata/snapshots/allocator/cap_mid.pickle.xz"
+
+
+def check(condition, what):
+    if not condition:
+        sys.exit(f"smoke test failed: {what}")
+    print(f"ok: {what}")
+
+
+def main():
+    version = subprocess.run([memsnap.binary(), "--version"], capture_output=True, text=True)
+    check(version.returncode == 0 and version.stdout.startswith("memsnap "), "memsnap --version")
+
+    from_path = memsnap.report(SNAPSHOT)
+    check(from_path["devices"][0]["peak_allocated_bytes"] == PRINTED_PEAK, "report(path) peak")
+
+    with lzma.open(SNAPSHOT) as f:
+        snapshot = pickle.load(f)
+    from_dict = memsnap.report(snapshot)
+    check(from_dict["devices"][0]["peak_allocated_bytes"] == PRINTED_PEAK, "report(dict) peak")
+    check(from_dict["devices"][0]["steps"] == from_path["devices"][0]["steps"], "same steps from a dict")
+
+    explained = memsnap.oom(OOM_SNAPSHOT)
+    check(explained["devices"][0]["oom"]["verdict"] == "fragmentation", "oom(path) verdict")
+
+    fits = memsnap.whatif(OOM_SNAPSHOT, alloc_conf="expandable_segments:True")
+    check(isinstance(fits, dict) and fits.get("devices"), "whatif(path, alloc_conf=...)")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        written = memsnap.timeline(snapshot, os.path.join(tmp, "timeline.png"), by="step")
+        with open(written[0], "rb") as f:
+            check(f.read(8) == b"\x89PNG\r\n\x1a\n", "timeline(dict) wrote a PNG")
+
+    try:
+        memsnap.report("no-such-file.pickle")
+        check(False, "a missing file raises")
+    except memsnap.MemsnapError as e:
+        check(e.exit_code == 1 and "no-such-file.pickle" in str(e), "a missing file raises MemsnapError")
+
+    try:
+        memsnap.report(42)
+        check(False, "a wrong type raises")
+    except TypeError:
+        check(True, "a wrong type raises TypeError")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,296 @@
+//! Hostile inputs built here, byte by byte: each must be refused (or read) quickly, in bounded
+//! memory, with one line saying why. Every run has `--max-memory 256MiB`: had memsnap held more
+//! on the way to its answer, the answer would be the memory-limit error instead.
+
+use std::io::Write;
+
+use crate::util::*;
+
+const LIMIT: &str = "256MiB";
+
+fn write(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> String {
+    let path = dir.path().join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+/// Runs `report` under the memory limit; returns the error line of a refused file.
+fn refused(file: &str) -> String {
+    let o = memsnap(&["report", "--max-memory", LIMIT, file]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{file}: {err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!err.contains("memory use reached the limit"), "{err}");
+    err
+}
+
+fn long_binput(i: u32) -> Vec<u8> {
+    let mut v = vec![b'r'];
+    v.extend_from_slice(&i.to_le_bytes());
+    v
+}
+
+fn long_binget(i: u32) -> Vec<u8> {
+    let mut v = vec![b'j'];
+    v.extend_from_slice(&i.to_le_bytes());
+    v
+}
+
+/// `SHORT_BINUNICODE` of `s`.
+fn text(s: &str) -> Vec<u8> {
+    let mut v = vec![0x8c, s.len() as u8];
+    v.extend_from_slice(s.as_bytes());
+    v
+}
+
+/// `BININT` of `i`.
+fn int(i: i32) -> Vec<u8> {
+    let mut v = vec![b'J'];
+    v.extend_from_slice(&i.to_le_bytes());
+    v
+}
+
+#[test]
+fn memo_and_container_floods_are_refused_as_memory_bombs() {
+    let dir = scratch();
+    let n = 8_000_000;
+    let floods: [(&str, Vec<u8>); 3] = [
+        (
+            "memoize",
+            [b"\x80\x04N".as_slice(), &vec![0x94; n], b"."].concat(),
+        ),
+        (
+            "empty_lists",
+            [b"\x80\x04(".as_slice(), &vec![b']'; n], b"1N."].concat(),
+        ),
+        (
+            "empty_dicts",
+            [b"\x80\x04(".as_slice(), &vec![b'}'; n], b"1N."].concat(),
+        ),
+    ];
+    for (name, bytes) in floods {
+        let err = refused(&write(&dir, name, &bytes));
+        assert!(
+            err.contains("refusing a likely memory bomb"),
+            "{name}: {err}"
+        );
+    }
+}
+
+#[test]
+fn sparse_memo_indexes_stay_small() {
+    // LONG_BINPUT to ever-new, descending slots: a hash map entry each, never an array sized
+    // by the index.
+    let dir = scratch();
+    let mut p = b"\x80\x04N".to_vec();
+    for i in 0..1_000_000u32 {
+        p.extend(long_binput(u32::MAX - i));
+    }
+    p.push(b'.');
+    let err = refused(&write(&dir, "binput", &p));
+    assert!(err.contains("not a memory snapshot"), "{err}");
+}
+
+#[test]
+fn shared_segments_and_blocks_are_refused_before_expanding() {
+    // 10,000 references to one segment whose block list holds one block 10,000 times: 10^8
+    // blocks if expanded, from a 100 KB file.
+    let k = 10_000;
+    let mut p = b"\x80\x04}(".to_vec();
+    p.extend(text("segments"));
+    p.extend(b"](}(");
+    for (key, value) in [
+        ("address", int(0)),
+        ("total_size", int(1 << 24)),
+        ("device", int(0)),
+    ] {
+        p.extend(text(key));
+        p.extend(value);
+    }
+    p.extend(text("blocks"));
+    p.extend(b"](}(");
+    p.extend(text("size"));
+    p.extend(int(512));
+    p.extend(text("state"));
+    p.extend(text("active_allocated"));
+    p.extend(b"u");
+    p.extend(long_binput(1000));
+    for _ in 1..k {
+        p.extend(long_binget(1000));
+    }
+    p.extend(b"eu");
+    p.extend(long_binput(1001));
+    for _ in 1..k {
+        p.extend(long_binget(1001));
+    }
+    p.extend(b"e");
+    p.extend(text("device_traces"));
+    p.extend(b"](]eu.");
+    let dir = scratch();
+    let err = refused(&write(&dir, "segments", &p));
+    assert!(err.contains("an object listed twice"), "{err}");
+}
+
+#[test]
+fn one_trace_list_shared_by_a_million_devices_is_refused() {
+    let mut p = b"\x80\x04}(".to_vec();
+    p.extend(text("segments"));
+    p.extend(b"]");
+    p.extend(text("device_traces"));
+    p.extend(b"]((");
+    for i in 0..1000 {
+        p.extend(b"}(");
+        for (key, value) in [
+            ("addr", int(i * 512)),
+            ("size", int(512)),
+            ("stream", int(0)),
+        ] {
+            p.extend(text(key));
+            p.extend(value);
+        }
+        p.extend(text("action"));
+        p.extend(text("alloc"));
+        p.extend(b"u");
+    }
+    p.extend(b"l");
+    p.extend(long_binput(7));
+    for _ in 1..1_000_000 {
+        p.extend(long_binget(7));
+    }
+    p.extend(b"eu.");
+    let dir = scratch();
+    let err = refused(&write(&dir, "traces", &p));
+    assert!(err.contains("one trace entry twice"), "{err}");
+}
+
+#[test]
+fn mark_and_frame_floods_are_read_to_the_end() {
+    // 20 MB of MARK/POP_MARK pairs and of empty FRAMEs, gzip-compressed to a few hundred KB.
+    let dir = scratch();
+    let mut marks = b"\x80\x04".to_vec();
+    marks.extend(b"(1".repeat(10_000_000));
+    marks.extend(b"N.");
+    let mut frames = b"\x80\x04".to_vec();
+    frames.extend([0x95u8, 0, 0, 0, 0, 0, 0, 0, 0].repeat(2_000_000));
+    frames.extend(b"N.");
+    for (name, plain) in [("marks.pickle.gz", marks), ("frames.pickle.gz", frames)] {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&plain).unwrap();
+        let err = refused(&write(&dir, name, &gz.finish().unwrap()));
+        assert!(err.contains("the pickle holds None"), "{name}: {err}");
+    }
+}
+
+#[test]
+fn size_and_memory_limits_name_the_option_that_raises_them() {
+    let file = testdata("snapshots/single-gpu/memory_snapshot_rank0_step1.pickle.xz");
+    let file = file.to_string_lossy();
+    // its pickle is 100,467 bytes
+    let o = memsnap(&["report", "--max-size", "50KiB", &file]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.contains("of the decompressed stream: the pickle is larger than the limit of 50.00 KiB (raise it with --max-size)"),
+        "{err}"
+    );
+    let o = memsnap(&["report", "--max-memory", "1MiB", &file]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.contains("memory use reached the limit of 1.00 MiB (raise it with --max-memory)"),
+        "{err}"
+    );
+    let o = memsnap(&["report", "--max-memory", "lots", &file]);
+    assert_eq!(o.status.code(), Some(2));
+    // and the defaults read it
+    ok(&["report", &file]);
+}
+
+#[test]
+fn impossible_sizes_are_anomalies_not_wrapped_figures() {
+    use serde_pickle::value::{HashableValue as H, Value as V};
+    let event = |action: &str, addr: i64, size: V, time: i64| {
+        let mut e = std::collections::BTreeMap::new();
+        e.insert(H::String("action".into()), V::String(action.into()));
+        e.insert(H::String("addr".into()), V::I64(addr));
+        e.insert(H::String("size".into()), size);
+        e.insert(H::String("stream".into()), V::I64(0));
+        e.insert(H::String("time_us".into()), V::I64(time));
+        e.insert(H::String("frames".into()), V::List(vec![]));
+        V::Dict(e)
+    };
+    let base = 1i64 << 40;
+    let t = 1_700_000_000_000_000i64;
+    let max = V::Int(num_bigint_max());
+    let trace = vec![
+        event("segment_alloc", base, V::I64(2 << 20), t),
+        event("alloc", base, V::I64(512), t + 1),
+        event("alloc", base + 512, max, t + 2),
+        event("segment_alloc", base << 2, V::I64(1 << 50), t + 3),
+        event("free_requested", base, V::I64(512), t + 4),
+    ];
+    let dir = scratch();
+    let f = write(&dir, "huge.pickle", &snapshot_pickle(vec![], trace));
+    let text = ok(&["report", &f]);
+    assert!(!text.contains("matches the snapshot exactly"), "{text}");
+    assert!(
+        text.contains("event 2: alloc of 18446744073709551615 bytes, more than any GPU holds"),
+        "{text}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&ok(&["report", "--json", &f])).unwrap();
+    let d = &v["devices"][0];
+    assert_eq!(d["peak_allocated_bytes"], 512, "{d}");
+    assert_eq!(d["peak_reserved_bytes"], 2 << 20, "{d}");
+    let examples = d["check"]["examples"].to_string();
+    assert!(
+        examples.contains("event 2: alloc of 18446744073709551615 bytes"),
+        "{examples}"
+    );
+    assert!(
+        examples.contains("event 3: segment_alloc of 1125899906842624 bytes"),
+        "{examples}"
+    );
+    assert_eq!(d["check"]["anomalies"], 2);
+}
+
+/// 2^64 - 1 as serde-pickle's big integer.
+fn num_bigint_max() -> num_bigint::BigInt {
+    num_bigint::BigInt::from(u64::MAX)
+}
+
+/// Every input in `testdata/fuzz/` (what fuzzing found, minimised, and the hostile seeds it
+/// started from) is handled: a report, or one error line; never a panic or the memory limit.
+#[test]
+fn fuzzing_findings_stay_fixed() {
+    let dir = testdata("fuzz");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_none_or(|e| e != "md"))
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 5,
+        "{} holds {} inputs",
+        dir.display(),
+        files.len()
+    );
+    for file in files {
+        let file = file.to_string_lossy();
+        for command in ["report", "whatif"] {
+            let o = memsnap(&[command, "--max-memory", LIMIT, &file]);
+            let err = stderr(&o);
+            assert!(
+                matches!(o.status.code(), Some(0 | 1)),
+                "{command} {file}: {err}"
+            );
+            assert!(err.lines().count() <= 1, "{command} {file}: {err}");
+            assert!(!err.contains("panicked"), "{command} {file}: {err}");
+            assert!(
+                !err.contains("memory use reached"),
+                "{command} {file}: {err}"
+            );
+        }
+    }
+}
