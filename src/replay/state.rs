@@ -94,13 +94,13 @@ impl State {
         let mut size = size;
         if expandable {
             if let Some((&p, &r)) = self.ranges.range(..addr).next_back() {
-                if r.expandable && p + r.size == addr {
+                if r.expandable && p.saturating_add(r.size) == addr {
                     self.ranges.remove(&p);
                     start = p;
                     size += r.size;
                 }
             }
-            let end = start + size;
+            let end = start.saturating_add(size);
             if let Some(&r) = self.ranges.get(&end) {
                 if r.expandable {
                     self.ranges.remove(&end);
@@ -116,7 +116,7 @@ impl State {
         let Some((start, r)) = self.range_of(addr) else {
             return false;
         };
-        let end = start + r.size;
+        let end = start.saturating_add(r.size);
         let cut_end = addr.saturating_add(size).min(end);
         self.ranges.remove(&start);
         if addr > start {
@@ -145,7 +145,7 @@ impl State {
         let mut i = 0;
         let ranges: Vec<(u64, Range)> = self.ranges.iter().map(|(&a, &r)| (a, r)).collect();
         for (start, r) in ranges {
-            let end = start + r.size;
+            let end = start.saturating_add(r.size);
             while i < placed.len() && placed[i].0 < start {
                 self.put(placed[i].0, placed[i].1);
                 misplaced += 1;
@@ -156,7 +156,7 @@ impl State {
             while i < placed.len() && placed[i].0 < end {
                 let (a, b) = placed[i];
                 i += 1;
-                if a < cursor || a + b.size > end {
+                if a < cursor || a.saturating_add(b.size) > end {
                     misplaced += 1;
                     continue;
                 }
@@ -164,7 +164,7 @@ impl State {
                     chain.push((cursor, Blk::free(a - cursor)));
                 }
                 chain.push((a, b));
-                cursor = a + b.size;
+                cursor = a.saturating_add(b.size);
             }
             if cursor < end {
                 chain.push((cursor, Blk::free(end - cursor)));
@@ -197,7 +197,7 @@ impl State {
         if len == 0 || len >= b.size {
             return None;
         }
-        let tail = start + len;
+        let tail = start.saturating_add(len);
         self.put(
             tail,
             Blk {
@@ -220,15 +220,20 @@ impl State {
         let Some(&b) = self.blocks.get(&start) else {
             return;
         };
+        // A block linked to itself only comes from inconsistent input: leave it.
+        if b.next == start {
+            return;
+        }
         let Some(next) = self.take(b.next) else {
             return;
         };
         if let Some(nn) = self.blocks.get_mut(&next.next) {
             nn.prev = start;
         }
-        let head = self.blocks.get_mut(&start).expect("present");
-        head.size += next.size;
-        head.next = next.next;
+        if let Some(head) = self.blocks.get_mut(&start) {
+            head.size = head.size.saturating_add(next.size);
+            head.next = next.next;
+        }
     }
 
     /// Marks the block at `addr` free and merges it with free neighbours.
@@ -288,7 +293,11 @@ impl State {
         let before = addr
             .checked_sub(1)
             .and_then(|last| self.containing(last))
-            .filter(|&s| self.blocks.get(&s).is_some_and(|x| s + x.size == addr));
+            .filter(|&s| {
+                self.blocks
+                    .get(&s)
+                    .is_some_and(|x| s.saturating_add(x.size) == addr)
+            });
         let same_range =
             |st: &State, x: u64| st.range_of(x).map(|r| r.0) == st.range_of(addr).map(|r| r.0);
         if let Some(p) = before.filter(|&p| same_range(self, p)) {
@@ -297,9 +306,11 @@ impl State {
                 pb.next = addr;
             }
         }
-        if self.blocks.contains_key(&(addr + size)) && same_range(self, addr + size) {
-            b.next = addr + size;
-            if let Some(nb) = self.blocks.get_mut(&(addr + size)) {
+        if self.blocks.contains_key(&(addr.saturating_add(size)))
+            && same_range(self, addr.saturating_add(size))
+        {
+            b.next = addr.saturating_add(size);
+            if let Some(nb) = self.blocks.get_mut(&(addr.saturating_add(size))) {
                 nb.prev = addr;
             }
         }
@@ -311,14 +322,14 @@ impl State {
     /// cut in two there.
     pub(crate) fn unmap_pages(&mut self, addr: u64, size: u64) {
         self.unmap_range(addr, size);
-        let end = addr + size;
+        let end = addr.saturating_add(size);
         if let Some(s) = self.containing(addr) {
             if s < addr {
                 self.split(s, addr - s);
             }
         }
         if let Some(s) = self.containing(end.saturating_sub(1)) {
-            if s + self.blocks[&s].size > end {
+            if s.saturating_add(self.blocks[&s].size) > end {
                 self.split(s, end - s);
             }
         }

@@ -192,7 +192,7 @@ impl Model {
                 expandable.push((pool, stream, seg));
                 continue;
             }
-            self.reserved += seg.size;
+            self.reserved = self.reserved.saturating_add(seg.size);
             self.place_run(seg, pool, stream, false, seg.address, NIL, first_req);
         }
         expandable.sort_by_key(|&(pool, stream, seg)| (pool, stream, seg.address));
@@ -208,7 +208,7 @@ impl Model {
                     last =
                         self.push_unmapped(pool, stream, base, cursor, seg.address - cursor, last);
                 }
-                self.reserved += seg.size;
+                self.reserved = self.reserved.saturating_add(seg.size);
                 last = self.place_run(seg, pool, stream, true, base, last, first_req);
                 cursor = seg.address.saturating_add(seg.size);
                 k += 1;
@@ -258,7 +258,7 @@ impl Model {
             }
             match pre {
                 Some(k) => {
-                    self.allocated += size;
+                    self.allocated = self.allocated.saturating_add(size);
                     self.live.insert(first_req + k as u32, i);
                 }
                 None => self.insert_free(i),
@@ -439,7 +439,7 @@ impl Model {
             return self.allocate_expandable(pool, stream, size);
         }
         let addr = self.addresses.segment(alloc_size);
-        self.reserved += alloc_size;
+        self.reserved = self.reserved.saturating_add(alloc_size);
         self.log(Action::SegmentAlloc, alloc_size);
         Some(self.push(Block {
             addr,
@@ -551,7 +551,7 @@ impl Model {
         self.merge(i, prev);
         self.merge(i, next);
         self.insert_free(i);
-        self.reserved += mapped;
+        self.reserved = self.reserved.saturating_add(mapped);
         self.log(Action::SegmentMap, mapped);
     }
 
@@ -609,7 +609,7 @@ impl Model {
             i = head;
         }
         self.bm(i).allocated = true;
-        self.allocated += self.b(i).size;
+        self.allocated = self.allocated.saturating_add(self.b(i).size);
         self.live.insert(req, i);
     }
 
@@ -619,7 +619,7 @@ impl Model {
             return;
         };
         self.bm(i).allocated = false;
-        self.allocated -= self.b(i).size;
+        self.allocated = self.allocated.saturating_sub(self.b(i).size);
         if now {
             self.free_block(i);
         } else {
@@ -647,7 +647,7 @@ impl Model {
     fn release_block(&mut self, i: u32) {
         self.remove_free(i);
         let size = self.b(i).size;
-        self.reserved -= size;
+        self.reserved = self.reserved.saturating_sub(size);
         self.log(Action::SegmentFree, size);
         self.spare.push(i);
     }
@@ -660,8 +660,13 @@ impl Model {
     fn unmap_block(&mut self, i: u32) {
         let b = *self.b(i);
         let page = page_of(b.pool);
-        let start = b.base + (b.addr - b.base).div_ceil(page) * page;
-        let end = b.base + (b.addr + b.size - b.base) / page * page;
+        // Saturating: an inconsistent start layout (a hostile snapshot) must not wrap.
+        let start = b
+            .base
+            .saturating_add(b.addr.saturating_sub(b.base).div_ceil(page) * page);
+        let end = b
+            .base
+            .saturating_add(b.addr.saturating_add(b.size).saturating_sub(b.base) / page * page);
         if end <= start {
             return;
         }
@@ -678,10 +683,10 @@ impl Model {
             self.bm(i).prev = before;
             self.insert_free(before);
         }
-        if b.addr + b.size > end {
+        if b.addr.saturating_add(b.size) > end {
             let after = self.push(Block {
                 addr: end,
-                size: b.addr + b.size - end,
+                size: b.addr.saturating_add(b.size) - end,
                 prev: i,
                 ..b
             });
@@ -700,7 +705,7 @@ impl Model {
         self.merge(i, next);
         let b = *self.b(i);
         self.unmapped[b.pool].insert((b.stream, b.addr, i));
-        self.reserved -= end - start;
+        self.reserved = self.reserved.saturating_sub(end - start);
         self.log(Action::SegmentUnmap, end - start);
     }
 
@@ -782,7 +787,7 @@ impl Model {
         if self.reserved <= threshold {
             return;
         }
-        let target = self.reserved - threshold;
+        let target = self.reserved.saturating_sub(threshold);
         let calls = self.gc_calls[LARGE];
         let age = |m: &Model, i: u32| calls - m.b(i).gc_base;
         let mut freeable: Vec<u32> = self.free[LARGE]
