@@ -3,12 +3,6 @@
 
 use crate::util::*;
 
-fn write(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> String {
-    let p = dir.path().join(name);
-    std::fs::write(&p, bytes).unwrap();
-    p.to_string_lossy().into_owned()
-}
-
 /// Runs `report` on a bad file and returns its one error line.
 fn fails(path: &str) -> String {
     let o = memsnap(&["report", path]);

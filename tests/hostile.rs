@@ -8,12 +8,6 @@ use crate::util::*;
 
 const LIMIT: &str = "256MiB";
 
-fn write(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> String {
-    let path = dir.path().join(name);
-    std::fs::write(&path, bytes).unwrap();
-    path.to_string_lossy().into_owned()
-}
-
 /// Runs `report` under the memory limit; returns the error line of a refused file.
 fn refused(file: &str) -> String {
     let o = memsnap(&["report", "--max-memory", LIMIT, file]);
@@ -187,20 +181,24 @@ fn size_and_memory_limits_name_the_option_that_raises_them() {
     let file = testdata("snapshots/single-gpu/memory_snapshot_rank0_step1.pickle.xz");
     let file = file.to_string_lossy();
     // its pickle is 100,467 bytes
-    let o = memsnap(&["report", "--max-size", "50KiB", &file]);
-    assert_eq!(o.status.code(), Some(1));
-    let err = stderr(&o);
-    assert!(
-        err.contains("of the decompressed stream: the pickle is larger than the limit of 50.00 KiB (raise it with --max-size)"),
-        "{err}"
-    );
-    let o = memsnap(&["report", "--max-memory", "1MiB", &file]);
-    assert_eq!(o.status.code(), Some(1));
-    let err = stderr(&o);
-    assert!(
-        err.contains("memory use reached the limit of 1.00 MiB (raise it with --max-memory)"),
-        "{err}"
-    );
+    for (option, size, message) in [
+        (
+            "--max-size",
+            "50KiB",
+            "of the decompressed stream: the pickle is larger than the limit of 50.00 KiB \
+             (raise it with --max-size)",
+        ),
+        (
+            "--max-memory",
+            "1MiB",
+            "memory use reached the limit of 1.00 MiB (raise it with --max-memory)",
+        ),
+    ] {
+        let o = memsnap(&["report", option, size, &file]);
+        assert_eq!(o.status.code(), Some(1));
+        let err = stderr(&o);
+        assert!(err.contains(message), "{err}");
+    }
     let o = memsnap(&["report", "--max-memory", "lots", &file]);
     assert_eq!(o.status.code(), Some(2));
     // and the defaults read it

@@ -76,6 +76,13 @@ pub fn scratch() -> tempfile::TempDir {
     tempfile::tempdir().expect("temp dir")
 }
 
+/// Writes `bytes` to `name` in `dir`; returns the path as text.
+pub fn write(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> String {
+    let path = dir.path().join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
 /// A snapshot pickle of these segments and one device's trace entries.
 pub fn snapshot_pickle(
     segments: Vec<serde_pickle::Value>,
