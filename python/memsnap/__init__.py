@@ -6,7 +6,7 @@ or as the dict that ``torch.cuda.memory._snapshot()`` returns. A dict is pickled
 
     import memsnap
     summary = memsnap.report("rank0.pickle")
-    print(summary["devices"][0]["peak"]["allocated"])
+    print(summary["devices"][0]["peak_allocated_bytes"])
 
     try:
         train_step()
@@ -61,9 +61,10 @@ def binary() -> str:
         return override
     name = "memsnap.exe" if sys.platform == "win32" else "memsnap"
     candidates = [Path(sysconfig.get_path("scripts")) / name, Path(sys.executable).parent / name]
-    user_scripts = sysconfig.get_path("scripts", f"{os.name}_user")
-    if user_scripts:
-        candidates.append(Path(user_scripts) / name)
+    try:
+        candidates.append(Path(sysconfig.get_path("scripts", f"{os.name}_user")) / name)
+    except KeyError:  # no per-user scheme on this platform
+        pass
     for candidate in candidates:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
