@@ -24,10 +24,7 @@ fn event(action: &str, addr: i64, size: i64) -> V {
 }
 
 fn write_snapshot(dir: &tempfile::TempDir, name: &str, segments: Vec<V>, trace: Vec<V>) -> String {
-    let bytes = snapshot_pickle(segments, trace);
-    let path = dir.path().join(name);
-    std::fs::write(&path, bytes).unwrap();
-    path.to_string_lossy().into_owned()
+    write(dir, name, &snapshot_pickle(segments, trace))
 }
 
 fn json(file: &str) -> serde_json::Value {

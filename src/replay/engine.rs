@@ -3,7 +3,7 @@
 
 use super::state::{Blk, State, Use, NIL, PRE};
 use super::*;
-use crate::snapshot::{BlockState, TraceEvent};
+use crate::snapshot::{BlockState, TraceEvent, MAX_REAL_SIZE, MAX_REAL_TOTAL};
 
 /// What the replay records while it runs.
 struct Recording {
@@ -20,14 +20,6 @@ struct Recording {
     oversized: Vec<(usize, u64)>,
     peaks: Peaks,
 }
-
-/// Sizes above this (256 TiB) are not real: such an event is an anomaly and is skipped, as the
-/// allocator would have refused it.
-pub const MAX_REAL_SIZE: u64 = 1 << 48;
-
-/// Nor are totals above this (4 PiB): keeping every sum of live bytes below it means no sum
-/// of them anywhere can wrap.
-pub const MAX_REAL_TOTAL: u64 = 1 << 52;
 
 impl Recording {
     fn new(n: usize, start: Totals, preexisting: Vec<Preexisting>, anomalies: u64) -> Recording {

@@ -22,8 +22,6 @@
 
 mod allocator;
 mod engine;
-
-pub use engine::{MAX_REAL_SIZE, MAX_REAL_TOTAL};
 mod state;
 
 pub use allocator::{SizeRules, MIN_BLOCK, SMALL_SIZE};

@@ -4,8 +4,8 @@
 //! before an out-of-memory retry, garbage collection) is left out: the simulation decides that
 //! again under the settings it is given.
 
-use crate::replay::{Replay, MAX_REAL_SIZE, NONE, PREEXISTING};
-use crate::snapshot::{Action, SegmentType, Snapshot, TraceEvent};
+use crate::replay::{Replay, NONE, PREEXISTING};
+use crate::snapshot::{Action, SegmentType, Snapshot, TraceEvent, MAX_REAL_SIZE};
 
 /// One request of the program, in trace order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -278,12 +278,6 @@ impl Adopter for EntryCompactor {
     }
 }
 
-/// Largest segment or block size accepted (2^48 bytes).
-const MAX_SIZE: u64 = 1 << 48;
-
-/// Most segment bytes one device may have (2^52 bytes): beyond any GPU, and far from wrapping.
-const MAX_DEVICE_BYTES: u64 = 1 << 52;
-
 fn str_id(v: Value) -> Option<StrId> {
     match v {
         Value::Str(s) => Some(s),
@@ -401,7 +395,7 @@ impl Reader<'_> {
     /// keeping sizes below that keeps every sum of them exact.
     fn size_field(&self, d: Ref, name: &str, ctx: &str) -> Result<Option<u64>, FieldError> {
         match self.u64_field(d, name, ctx)? {
-            Some(v) if v > MAX_SIZE => Err(FieldError::new(
+            Some(v) if v > MAX_REAL_SIZE => Err(FieldError::new(
                 format!("{ctx}.{name}"),
                 v.to_string(),
                 "a size below 2^48 bytes (256 TiB)",
@@ -766,7 +760,7 @@ pub(crate) fn assemble(
                 .fold(0u64, |sum, b| sum.saturating_add(b.size));
             let total = per_device.entry(seg.device).or_default();
             *total = total.saturating_add(seg.total_size.max(blocks));
-            if *total > MAX_DEVICE_BYTES {
+            if *total > MAX_REAL_TOTAL {
                 return Err(invalid(FieldError::new(
                     format!("segments[..={i}]"),
                     format!("more than 2^52 bytes on device {}", seg.device),

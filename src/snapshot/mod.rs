@@ -16,6 +16,15 @@ mod stacks;
 use std::path::Path;
 
 pub use build::{from_pickle, load, LoadOptions};
+
+/// Sizes above this (2^48 bytes, 256 TiB) are not real: no GPU holds them. A segment or block
+/// of such a size is refused; a trace event of such a size is an anomaly the replay skips, as
+/// the allocator would have refused it.
+pub const MAX_REAL_SIZE: u64 = 1 << 48;
+
+/// Nor are totals above this (2^52 bytes, 4 PiB) for one device: keeping every sum of live or
+/// reserved bytes below it means no sum of them anywhere can wrap.
+pub const MAX_REAL_TOTAL: u64 = 1 << 52;
 pub use stacks::{Frame, FrameId, StackId, Stacks};
 
 use crate::pickle::Compression;
