@@ -18,7 +18,7 @@
 
 use serde::Serialize;
 
-use super::{Label, Names, Phase};
+use super::{frames, Label, Names, Phase};
 use crate::replay::{Replay, NONE};
 use crate::snapshot::{Action, Snapshot};
 
@@ -94,19 +94,19 @@ fn is_comm_text(t: &str) -> bool {
         || t == "send"
 }
 
-fn is_comm_stack(snap: &Snapshot, stack: crate::snapshot::StackId) -> bool {
-    snap.stacks.frames(stack).any(|f| {
-        let n = snap.str(f.name);
-        let file = snap.str(f.filename);
-        n.contains("all_to_all")
-            || n.contains("all_gather")
-            || n.contains("reduce_scatter")
-            || n.contains("batch_isend_irecv")
-            || n.contains("c10d::")
-            || n.contains("ProcessGroupNCCL")
-            || (f.line > 0 && file.contains("torch/distributed/"))
-            || is_ddp_bucket_frame(n, file)
-    })
+/// A frame of collective communication: NCCL and c10d symbols, `torch.distributed` Python
+/// code, DDP's gradient buckets.
+pub(crate) fn is_comm_frame(snap: &Snapshot, f: &crate::snapshot::Frame) -> bool {
+    let n = snap.str(f.name);
+    let file = snap.str(f.filename);
+    n.contains("all_to_all")
+        || n.contains("all_gather")
+        || n.contains("reduce_scatter")
+        || n.contains("batch_isend_irecv")
+        || n.contains("c10d::")
+        || n.contains("ProcessGroupNCCL")
+        || (f.line > 0 && file.contains("torch/distributed/"))
+        || is_ddp_bucket_frame(n, file)
 }
 
 /// DDP's gradient buckets: built by its reducer in the first forward (`_pre_forward` rebuilds
@@ -115,12 +115,6 @@ fn is_ddp_bucket_frame(name: &str, file: &str) -> bool {
     (file.ends_with("torch/nn/parallel/distributed.py")
         && (name == "_pre_forward" || name.contains("bucket") || name.contains("reducer")))
         || name.contains("c10d::Reducer")
-}
-
-fn accumulates_grad(snap: &Snapshot, stack: crate::snapshot::StackId) -> bool {
-    snap.stacks
-        .frames(stack)
-        .any(|f| snap.str(f.name).contains("AccumulateGrad"))
 }
 
 /// Facts about label texts, computed once per text.
@@ -161,7 +155,7 @@ pub(crate) fn assign(
         l.category = Category::PreExisting;
     }
     let events = snap.trace(replay.device);
-    let mut stack_cache = super::frames::PerStack::new(snap);
+    let mut stack_cache = frames::PerStack::new(snap);
     let facts = NameFacts::new(names, names.len());
     for i in 0..events.len() {
         if events[i].action != Action::Alloc {
@@ -173,7 +167,10 @@ pub(crate) fn assign(
         let same_call = freed.is_some_and(|f| f.call == l.call && l.call != u32::MAX);
         let stack = events[i].stack;
         let (comm, accumulate) = stack_cache.get(stack, || {
-            (is_comm_stack(snap, stack), accumulates_grad(snap, stack))
+            (
+                frames::stack_has(snap, stack, frames::COMMUNICATION),
+                frames::stack_has(snap, stack, frames::ACCUMULATE_GRAD),
+            )
         });
         let weight_grad = accumulate
             || NameFacts::get(&facts.weight_op, l.op)

@@ -1,6 +1,46 @@
 //! Reading stacks: which frames are noise, which are PyTorch's, which are the program's.
 
-use crate::snapshot::{Frame, Snapshot, StackId};
+use crate::snapshot::{Frame, FrameId, Snapshot, StackId};
+
+/// A Python frame of the program itself ([`is_python`] and not [`is_library`]).
+pub(crate) const PROGRAM: u8 = 1;
+/// A frame of collective communication (NCCL, c10d, `torch.distributed`, DDP buckets).
+pub(crate) const COMMUNICATION: u8 = 2;
+/// A frame of autograd's gradient accumulation into `.grad`.
+pub(crate) const ACCUMULATE_GRAD: u8 = 4;
+
+/// The facts ([`PROGRAM`], ...) of every distinct frame, by frame id. Each distinct stack is
+/// read several times, and a snapshot has a few thousand frames in tens of thousands of
+/// stacks: the string tests run once per frame instead of once per frame of every stack.
+fn facts(snap: &Snapshot) -> &[u8] {
+    snap.frame_facts.get_or_init(|| {
+        (0..snap.stacks.frame_count() as u32)
+            .map(|i| {
+                let f = snap.stacks.frame(FrameId(i));
+                let mut facts = 0;
+                if is_python(&f) && !is_library(snap, &f) {
+                    facts |= PROGRAM;
+                }
+                if super::category::is_comm_frame(snap, &f) {
+                    facts |= COMMUNICATION;
+                }
+                if snap.str(f.name).contains("AccumulateGrad") {
+                    facts |= ACCUMULATE_GRAD;
+                }
+                facts
+            })
+            .collect()
+    })
+}
+
+/// Whether any frame of `stack` has `fact`.
+pub(crate) fn stack_has(snap: &Snapshot, stack: StackId, fact: u8) -> bool {
+    let facts = facts(snap);
+    snap.stacks
+        .stack(stack)
+        .iter()
+        .any(|id| facts.get(id.0 as usize).is_some_and(|f| f & fact != 0))
+}
 
 /// A value computed once per distinct stack (stack ids are dense, so this is a vector).
 #[derive(Debug)]
@@ -148,9 +188,12 @@ const TORCH_MODULES: [&str; 24] = [
 
 /// The program's own Python frames of a stack, innermost first.
 pub fn user_frames<'a>(snap: &'a Snapshot, stack: StackId) -> impl Iterator<Item = Frame> + 'a {
+    let facts = facts(snap);
     snap.stacks
-        .frames(stack)
-        .filter(move |f| is_python(f) && !is_library(snap, f))
+        .stack(stack)
+        .iter()
+        .filter(move |id| facts.get(id.0 as usize).is_some_and(|f| f & PROGRAM != 0))
+        .map(|&id| snap.stacks.frame(id))
 }
 
 /// The autograd node that made a backward allocation, from C++ frames such as

@@ -118,6 +118,10 @@ pub enum DecodeErrorKind {
     /// Reading or decompressing failed.
     #[error("{}", describe_io(.0))]
     Io(io::Error),
+    /// A part of a split decode could go no further on its own (never shown: the whole pickle
+    /// is then decoded in one piece).
+    #[error("the pickle cannot be decoded in parts here")]
+    PartEnd,
     /// Bytes follow the pickle's `STOP`.
     #[error("{bytes} more byte(s) follow the end of the pickle{}", if *.second_pickle { " (a second pickle: memsnap reads one snapshot per file)" } else { " (junk: a damaged or concatenated file?)" })]
     TrailingData {

@@ -21,6 +21,9 @@ const TAG_OTHER: u64 = 15;
 /// Memo storage indexed like Python's memo dict.
 #[derive(Debug, Default)]
 pub(crate) struct Memo {
+    /// Index of the first dense entry: a part of a split decode starts numbering where the
+    /// parts before it stopped.
+    offset: u64,
     dense: Vec<u64>,
     sparse: FxHashMap<u64, u64>,
     other: Vec<Value>,
@@ -34,9 +37,64 @@ impl Memo {
         }
     }
 
-    /// Number of entries (what `MEMOIZE` uses as the next index).
+    /// A memo whose own entries start at `offset`: the entries before belong to earlier parts
+    /// of a split decode and read as [`Memo::ELSEWHERE`] until imported (with [`Memo::put`]).
+    pub(crate) fn starting_at(offset: u64, capacity: usize) -> Memo {
+        let mut memo = Memo::with_capacity(capacity.saturating_add(offset as usize));
+        memo.dense
+            .resize(offset as usize, Memo::pack_handle(Memo::ELSEWHERE));
+        memo.offset = offset;
+        memo
+    }
+
+    /// What an entry stored by another part reads as before it is imported.
+    pub(crate) const ELSEWHERE: Value = Value::Handle(u8::MAX, u32::MAX - 1);
+
+    fn pack_handle(v: Value) -> u64 {
+        match v {
+            Value::Handle(kind, id) => {
+                (TAG_HANDLE << TAG_SHIFT) | ((kind as u64) << 32) | id as u64
+            }
+            _ => unreachable!("handles only"),
+        }
+    }
+
+    /// Number of entries, those of earlier parts included (what `MEMOIZE` uses as the next
+    /// index).
     pub(crate) fn len(&self) -> usize {
         self.dense.len() + self.sparse.len()
+    }
+
+    /// Index of the first dense entry.
+    pub(crate) fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Whether an index was stored out of order (`PUT 4000000000`).
+    pub(crate) fn has_sparse(&self) -> bool {
+        !self.sparse.is_empty()
+    }
+
+    /// This part's own entries (from the offset on), `count` of them at most.
+    pub(crate) fn own_values(&self, count: usize) -> Vec<Value> {
+        self.dense[self.offset as usize..]
+            .iter()
+            .take(count)
+            .map(|&p| self.unpack(p))
+            .collect()
+    }
+
+    /// Keeps only the first `count` of this part's own entries.
+    pub(crate) fn truncate_own(&mut self, count: usize) {
+        self.dense.truncate(self.offset as usize + count);
+    }
+
+    /// Appends entries after the last one (what another part of a split decode stored).
+    pub(crate) fn extend(&mut self, values: &[Value]) {
+        for &v in values {
+            let p = self.pack(v);
+            self.dense.push(p);
+        }
     }
 
     fn pack(&mut self, v: Value) -> u64 {
@@ -56,9 +114,15 @@ impl Memo {
         }
     }
 
+    #[inline(always)]
     fn unpack(&self, p: u64) -> Value {
         let payload = p & ((1 << TAG_SHIFT) - 1);
-        match p >> TAG_SHIFT {
+        let tag = p >> TAG_SHIFT;
+        // What snapshots fetch nearly always: a compacted frame, or a string.
+        if tag == TAG_HANDLE {
+            return Value::Handle((payload >> 32) as u8, payload as u32);
+        }
+        match tag {
             TAG_STR => Value::Str(StrId(payload as u32)),
             TAG_LIST => Value::List(Ref::unpack(payload)),
             TAG_TUPLE => Value::Tuple(Ref::unpack(payload)),

@@ -38,6 +38,7 @@ mod error;
 mod memo;
 pub mod opcodes;
 mod reader;
+pub mod scan;
 pub mod source;
 mod value;
 mod vm;
@@ -46,7 +47,10 @@ pub mod writer;
 pub use error::{DecodeError, DecodeErrorKind, FieldError};
 pub use source::Compression;
 pub use value::{Heap, Ref, StrId, Value};
-pub use vm::{decode, decode_with, Adopter, Decoded, KeepAll, Limits};
+pub use vm::{
+    decode, decode_part, decode_with, Adopter, Decoded, KeepAll, Limits, PartInput, PartOutput,
+    Progress, Resumable,
+};
 pub use writer::PickleWriter;
 
 #[cfg(test)]

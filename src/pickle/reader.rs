@@ -43,6 +43,14 @@ impl<R: Read> Reader<R> {
         }
     }
 
+    /// A reader whose first byte is byte `offset` of the stream (`inner` is positioned there).
+    pub(crate) fn starting_at(inner: R, offset: u64) -> Self {
+        Reader {
+            base: offset,
+            ..Reader::new(inner)
+        }
+    }
+
     /// Offset of the next unread byte from the start of the stream.
     #[inline]
     pub(crate) fn offset(&self) -> u64 {
@@ -66,6 +74,34 @@ impl<R: Read> Reader<R> {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(ReadError::Io(e)),
             }
+        }
+        Ok(())
+    }
+
+    /// Reads until the window holds `n` bytes; `false` when the input ends first.
+    pub(crate) fn fill(&mut self, n: usize) -> Result<bool, ReadError> {
+        while self.end - self.pos < n {
+            let before = self.end - self.pos;
+            self.refill()?;
+            if self.end - self.pos == before && (self.eof || self.end == self.buf.len()) {
+                return Ok(self.end - self.pos >= n);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Consumes `n` bytes, however many windows they span.
+    pub(crate) fn skip(&mut self, mut n: u64) -> Result<(), ReadError> {
+        while n > 0 {
+            if self.pos == self.end {
+                self.refill()?;
+                if self.pos == self.end {
+                    return Err(ReadError::Truncated { needed: n });
+                }
+            }
+            let k = (self.end - self.pos).min(usize::try_from(n).unwrap_or(usize::MAX));
+            self.pos += k;
+            n -= k as u64;
         }
         Ok(())
     }
@@ -184,6 +220,20 @@ impl<R: Read> Reader<R> {
                 }
             }
         }
+    }
+}
+
+impl<R: Read + io::Seek> Reader<R> {
+    /// Goes on reading at byte `offset` of the stream, wherever that is.
+    pub(crate) fn jump(&mut self, offset: u64) -> Result<(), ReadError> {
+        self.inner
+            .seek(io::SeekFrom::Start(offset))
+            .map_err(ReadError::Io)?;
+        self.base = offset;
+        self.pos = 0;
+        self.end = 0;
+        self.eof = false;
+        Ok(())
     }
 }
 

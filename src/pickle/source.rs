@@ -74,6 +74,61 @@ pub fn decompressing<R: Read + Send + 'static>(
     Ok((reader, kind))
 }
 
+#[cfg(unix)]
+pub use positioned::FileAt;
+
+#[cfg(unix)]
+mod positioned {
+    use super::*;
+
+    /// A plain file read from any offset, independently of other readers of the same file
+    /// (positioned reads): each part of a split decode reads its own stretch.
+    pub struct FileAt {
+        file: std::sync::Arc<File>,
+        pos: u64,
+        on_read: Option<Box<dyn FnMut(u64) + Send>>,
+    }
+
+    impl FileAt {
+        /// Reads `file` from byte `pos`; `on_read` is told of the bytes each read (or jump) passes.
+        pub fn new(
+            file: std::sync::Arc<File>,
+            pos: u64,
+            on_read: Option<Box<dyn FnMut(u64) + Send>>,
+        ) -> FileAt {
+            FileAt { file, pos, on_read }
+        }
+    }
+
+    impl Read for FileAt {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            use std::os::unix::fs::FileExt;
+            let n = self.file.read_at(buf, self.pos)?;
+            self.pos += n as u64;
+            if let Some(f) = self.on_read.as_mut() {
+                f(n as u64);
+            }
+            Ok(n)
+        }
+    }
+
+    impl io::Seek for FileAt {
+        fn seek(&mut self, to: io::SeekFrom) -> io::Result<u64> {
+            let io::SeekFrom::Start(to) = to else {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "only absolute positions",
+                ));
+            };
+            if let Some(f) = self.on_read.as_mut() {
+                f(to.saturating_sub(self.pos));
+            }
+            self.pos = to;
+            Ok(to)
+        }
+    }
+}
+
 /// The path that names standard input (`memsnap report -`).
 pub const STDIN: &str = "-";
 

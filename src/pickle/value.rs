@@ -36,6 +36,12 @@ impl Ref {
     }
 }
 
+impl Value {
+    /// A memo entry that a split decode could not carry over from the part that stored it:
+    /// the decoder that fetches it stops (and the pickle is decoded again in one piece).
+    pub const UNAVAILABLE: Value = Value::Handle(u8::MAX, u32::MAX);
+}
+
 /// One decoded value. Containers are references into the [`Heap`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Value {
@@ -280,6 +286,11 @@ impl Heap {
     /// The text of an interned string.
     pub fn str(&self, id: StrId) -> &str {
         self.strings.get(id.0 as usize).map_or("", |s| s)
+    }
+
+    /// Number of interned strings.
+    pub fn string_count(&self) -> usize {
+        self.strings.len()
     }
 
     /// Takes the interned strings out of the heap, in id order.

@@ -56,6 +56,20 @@ pub trait Adopter {
         key: Option<Value>,
         value: Value,
     ) -> Result<Value, FieldError>;
+
+    /// Told of each value stored in the memo, and of each compacted value that replaces one,
+    /// so that the other parts of a split decode can import it ([`Adopter::import`]).
+    #[inline(always)]
+    fn memoized(&mut self, _heap: &Heap, _index: u64, _value: Value) {}
+
+    /// Called every few thousand opcodes (to hand over exports that another part waits for).
+    fn tick(&mut self) {}
+
+    /// The value of a memo entry stored before this part of a split decode began (by another
+    /// part), made in this part's heap; `None` when it cannot be had.
+    fn import(&mut self, _heap: &mut Heap, _index: u64) -> Option<Value> {
+        None
+    }
 }
 
 /// An [`Adopter`] that keeps every value as it is.
@@ -94,6 +108,37 @@ struct Vm<'a, A: Adopter> {
     since_check: u32,
     /// This thread's heap tally when decoding began.
     thread_base: i64,
+    /// Offset of the first byte decoded (not 0 for a part of a split decode).
+    start: u64,
+    /// Decoding pauses on reaching this offset ([`Resumable::run_until`], parts).
+    stop_at: u64,
+    /// Set when decoding one part of a split decode on its own.
+    part: Option<Box<PartState>>,
+}
+
+const UNAVAILABLE: Value = Value::UNAVAILABLE;
+
+/// What a part of a split decode keeps besides the ordinary VM state.
+///
+/// A part starts just before a value inside a batch of `APPENDS` to some list (a trace's
+/// entries): that list and the batch's `MARK` lie below its stack, in the part before. The
+/// part appends to that list for as long as the pickle does, and stops at anything else that
+/// reaches below its stack.
+struct PartState {
+    /// The batch open at the start has not been closed yet.
+    first_batch_open: bool,
+    /// Values appended to the outer list, in order.
+    emitted: Vec<Value>,
+    /// The last point where nothing was pending: no stack, no mark, the first batch closed.
+    clean: Option<CleanPoint>,
+}
+
+#[derive(Clone, Copy)]
+struct CleanPoint {
+    offset: u64,
+    emitted: usize,
+    memo: usize,
+    values: u64,
 }
 
 /// Opcodes between two looks at memory: often enough that no flood gets far past a limit
@@ -109,37 +154,248 @@ pub fn decode_with<R: Read, A: Adopter>(
     let mut reader = Reader::new(input);
     let mut heap = Heap::default();
     adopter.prepare(&mut heap, &limits);
-    let mut vm = Vm {
-        heap,
-        stack: Vec::with_capacity(1024),
-        marks: Vec::with_capacity(64),
-        // A memo entry costs at least 2 pickle bytes (a value and MEMOIZE); real files use ~35.
-        memo: Memo::with_capacity((limits.size_hint / 24).min(1 << 20) as usize),
-        protocol: 0,
-        values: 0,
-        limits,
-        adopter,
-        offset: 0,
-        since_check: 0,
-        thread_base: crate::memory::thread_bytes(),
+    let mut vm = Vm::new(heap, limits, adopter, 0);
+    vm.check_start(&mut reader)?;
+    let root = loop {
+        if let Some(root) = vm.run(&mut reader)? {
+            break root;
+        }
     };
-    if let (true, Ok(Some(first))) = (vm.limits.check_start, reader.peek()) {
-        if !can_start_a_pickle(first) {
-            return Err(DecodeError {
-                offset: 0,
-                kind: DecodeErrorKind::NotAPickle(first),
-                decompressed: false,
+    vm.finish(root, &mut reader)
+}
+
+/// A decoder that can pause at chosen offsets and take in what other parts of a split decode
+/// produced meanwhile (the first part of a split decode; `snapshot::split` drives it).
+pub struct Resumable<'a, R: Read, A: Adopter> {
+    vm: Vm<'a, A>,
+    reader: Reader<R>,
+}
+
+/// Where a [`Resumable`] decode stands after [`Resumable::run_until`].
+pub enum Progress {
+    /// Paused at this offset (the one asked for, or the first opcode after it).
+    Paused(u64),
+    /// The pickle's `STOP`: the root value.
+    Done(Value),
+}
+
+impl<'a, R: Read + std::io::Seek, A: Adopter> Resumable<'a, R, A> {
+    /// Starts decoding `input` from its first byte.
+    pub fn new(input: R, limits: Limits, adopter: &'a mut A) -> Result<Self, DecodeError> {
+        let mut reader = Reader::new(input);
+        let mut heap = Heap::default();
+        adopter.prepare(&mut heap, &limits);
+        let mut vm = Vm::new(heap, limits, adopter, 0);
+        vm.check_start(&mut reader)?;
+        Ok(Resumable { vm, reader })
+    }
+
+    /// Decodes until the offset `stop` is reached, or to the end of the pickle.
+    pub fn run_until(&mut self, stop: u64) -> Result<Progress, DecodeError> {
+        self.vm.stop_at = stop;
+        let out = self.vm.run(&mut self.reader);
+        self.vm.stop_at = u64::MAX;
+        Ok(match out? {
+            Some(root) => Progress::Done(root),
+            None => Progress::Paused(self.vm.offset),
+        })
+    }
+
+    /// Finishes after `STOP` (reads the rest of the input: junk there is an error).
+    pub fn finish(mut self, root: Value) -> Result<Decoded, DecodeError> {
+        self.vm.finish(root, &mut self.reader)
+    }
+
+    /// Number of memo entries so far (the next `MEMOIZE` index).
+    pub fn memo_len(&self) -> u64 {
+        self.vm.memo.len() as u64
+    }
+
+    /// Whether the memo holds an entry stored out of order (a split decode then cannot number
+    /// the entries of later parts).
+    pub fn memo_has_gaps(&self) -> bool {
+        self.vm.memo.has_sparse()
+    }
+
+    /// The heap, the adopter and the memo (read-only), to bring in another part's values.
+    pub fn parts(&mut self) -> (&mut Heap, &mut A, impl Fn(u64) -> Option<Value> + '_) {
+        let memo = &self.vm.memo;
+        (&mut self.vm.heap, &mut *self.vm.adopter, move |i| {
+            memo.get(i)
+        })
+    }
+
+    /// Whether the decoder stands inside a batch of appends to a list: the latest mark has a
+    /// list just below it. The values above the mark are handed to the adopter now (as the
+    /// `APPENDS` would) and must all pass `accept`, as must the list's last item.
+    pub fn in_batch(&mut self, accept: impl Fn(Value) -> bool) -> Result<bool, DecodeError> {
+        let Some(&m) = self.vm.marks.last() else {
+            return Ok(false);
+        };
+        let Some(Value::List(list)) = m.checked_sub(1).map(|i| self.vm.stack[i]) else {
+            return Ok(false);
+        };
+        match self.vm.heap.list_mut(list) {
+            Some(items) if items.last().is_none_or(|&v| accept(v)) => {}
+            _ => return Ok(false),
+        }
+        for i in m..self.vm.stack.len() {
+            let v = self.vm.adopt(None, self.vm.stack[i])?;
+            self.vm.stack[i] = v;
+            if !accept(v) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Takes in a part that began where this decoder stands (inside a batch, as
+    /// [`Resumable::in_batch`] checked) and goes on where the part ended. Its values must be
+    /// this decoder's already (the caller translates them).
+    pub fn take_part(&mut self, part: PartInput) -> Result<(), DecodeError> {
+        let vm = &mut self.vm;
+        let m = *vm.marks.last().expect("checked by in_batch");
+        let Value::List(list) = vm.stack[m - 1] else {
+            unreachable!("checked by in_batch")
+        };
+        if part.closed_first_batch {
+            let (stack, heap) = (&mut vm.stack, &mut vm.heap);
+            if let Some(items) = heap.list_mut(list) {
+                items.extend_from_slice(&stack[m..]);
+                items.extend_from_slice(&part.emitted);
+            }
+            stack.truncate(m);
+            vm.marks.pop();
+            if part.batch_open {
+                vm.marks.push(vm.stack.len());
+            }
+        }
+        vm.stack.extend_from_slice(&part.pending);
+        vm.memo.extend(&part.memo);
+        vm.values = vm.values.saturating_add(part.values);
+        vm.offset = part.end;
+        self.reader.jump(part.end).map_err(|e| self.vm.read_err(e))
+    }
+}
+
+/// A part's outcome, translated into the values of the decoder that takes it in
+/// ([`Resumable::take_part`]).
+pub struct PartInput {
+    /// Offset where the part ended; decoding goes on from there.
+    pub end: u64,
+    /// Values it appended to the list, in order.
+    pub emitted: Vec<Value>,
+    /// Values above the latest mark at its end.
+    pub pending: Vec<Value>,
+    /// It closed the batch that was open where it began.
+    pub closed_first_batch: bool,
+    /// A batch is open at its end (the pending values belong to it).
+    pub batch_open: bool,
+    /// Its memo entries, in order.
+    pub memo: Vec<Value>,
+    /// Values it created (counted against the value budget).
+    pub values: u64,
+}
+
+/// What one part of a split decode produced, in its own heap ([`decode_part`]).
+pub struct PartOutput {
+    /// Offset where it began.
+    pub start: u64,
+    /// Offset where its usable decoding ends (the next part's start, or the last point where
+    /// nothing was pending).
+    pub end: u64,
+    /// Values appended to the outer list, in order.
+    pub emitted: Vec<Value>,
+    /// Values above the latest mark at `end` (adopted).
+    pub pending: Vec<Value>,
+    /// The batch open at `start` was closed.
+    pub closed_first_batch: bool,
+    /// A batch is open at `end`.
+    pub batch_open: bool,
+    /// Memo entries stored by the part, from its first index on.
+    pub memo: Vec<Value>,
+    /// Values created.
+    pub values: u64,
+    /// The part's heap (strings, and what its values refer to).
+    pub heap: Heap,
+}
+
+/// Decodes one part of a pickle on its own: `input` is positioned at `start`, just before a
+/// value inside a batch of `APPENDS` whose list lies in an earlier part, and the part's first
+/// `MEMOIZE` stores index `memo_base`. Decoding ends at `stop_at` (the next part's start), or
+/// earlier where the pickle reaches below the part's stack. `None` when nothing usable was
+/// decoded.
+pub fn decode_part<R: Read, A: Adopter>(
+    input: R,
+    start: u64,
+    memo_base: u64,
+    stop_at: u64,
+    limits: Limits,
+    adopter: &mut A,
+) -> Option<PartOutput> {
+    let mut reader = Reader::starting_at(input, start);
+    let mut heap = Heap::default();
+    adopter.prepare(&mut heap, &limits);
+    let mut vm = Vm::new(heap, limits, adopter, start);
+    vm.memo = Memo::starting_at(memo_base, (limits.size_hint / 24).min(1 << 20) as usize);
+    vm.stop_at = stop_at;
+    vm.part = Some(Box::new(PartState {
+        first_batch_open: true,
+        emitted: Vec::new(),
+        clean: None,
+    }));
+    let reached = matches!(vm.run(&mut reader), Ok(None)) && vm.offset == stop_at;
+    let part = vm.part.take().expect("set above");
+    let memo_base = memo_base as usize;
+    let at_stop = if reached {
+        let marks = vm.marks.as_slice();
+        match (part.first_batch_open, marks) {
+            (true, []) => Some((false, true)),
+            (false, [0]) => Some((true, true)),
+            (false, []) if vm.stack.is_empty() => Some((true, false)),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    if let Some((closed_first_batch, batch_open)) = at_stop {
+        let mut pending = std::mem::take(&mut vm.stack);
+        let mut adopted = true;
+        for v in pending.iter_mut() {
+            match vm.adopt(None, *v) {
+                Ok(a) => *v = a,
+                Err(_) => adopted = false,
+            }
+        }
+        if adopted {
+            let count = vm.memo.len() - memo_base;
+            return Some(PartOutput {
+                start,
+                end: stop_at,
+                emitted: part.emitted,
+                pending,
+                closed_first_batch,
+                batch_open,
+                memo: vm.memo.own_values(count),
+                values: vm.values,
+                heap: vm.heap,
             });
         }
     }
-    let root = vm.run(&mut reader)?;
-    vm.offset = reader.offset();
-    vm.rest_of_input(&mut reader)?;
-    Ok(Decoded {
-        root,
+    let clean = part.clean?;
+    let mut emitted = part.emitted;
+    emitted.truncate(clean.emitted);
+    vm.memo.truncate_own(clean.memo);
+    Some(PartOutput {
+        start,
+        end: clean.offset,
+        emitted,
+        pending: Vec::new(),
+        closed_first_batch: true,
+        batch_open: false,
+        memo: vm.memo.own_values(clean.memo),
+        values: clean.values,
         heap: vm.heap,
-        protocol: vm.protocol,
-        bytes_read: reader.offset(),
     })
 }
 
@@ -196,7 +452,101 @@ fn op_name(code: u8) -> &'static str {
     op::name(code).unwrap_or("?")
 }
 
-impl<A: Adopter> Vm<'_, A> {
+impl<'a, A: Adopter> Vm<'a, A> {
+    fn new(heap: Heap, limits: Limits, adopter: &'a mut A, start: u64) -> Self {
+        Vm {
+            heap,
+            stack: Vec::with_capacity(1024),
+            marks: Vec::with_capacity(64),
+            // A memo entry costs at least 2 pickle bytes (a value and MEMOIZE); real files
+            // use ~35.
+            memo: Memo::with_capacity((limits.size_hint / 24).min(1 << 20) as usize),
+            protocol: 0,
+            values: 0,
+            limits,
+            adopter,
+            offset: start,
+            since_check: 0,
+            thread_base: crate::memory::thread_bytes(),
+            start,
+            stop_at: u64::MAX,
+            part: None,
+        }
+    }
+
+    /// Refuses, as not a pickle, input whose first byte no pickle starts with.
+    fn check_start<R: Read>(&mut self, reader: &mut Reader<R>) -> Result<(), DecodeError> {
+        if let (true, Ok(Some(first))) = (self.limits.check_start, reader.peek()) {
+            if !can_start_a_pickle(first) {
+                return Err(DecodeError {
+                    offset: 0,
+                    kind: DecodeErrorKind::NotAPickle(first),
+                    decompressed: false,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// After `STOP`: the rest of the input must be empty.
+    fn finish<R: Read>(
+        mut self,
+        root: Value,
+        reader: &mut Reader<R>,
+    ) -> Result<Decoded, DecodeError> {
+        self.offset = reader.offset();
+        self.rest_of_input(reader)?;
+        Ok(Decoded {
+            root,
+            heap: self.heap,
+            protocol: self.protocol,
+            bytes_read: reader.offset(),
+        })
+    }
+
+    /// A part of a split decode reached something it cannot do on its own.
+    #[cold]
+    fn part_end(&self) -> DecodeError {
+        self.err(DecodeErrorKind::PartEnd)
+    }
+
+    /// `APPENDS` (or `APPEND`) in a part, to the list below its stack: `items_from` is where
+    /// the appended values start on the stack (0, or just above a mark at 0).
+    #[cold]
+    fn append_below(&mut self, batch_of_first: bool) -> Result<(), DecodeError> {
+        let Some(part) = self.part.as_mut() else {
+            return Err(self.part_end());
+        };
+        if batch_of_first != part.first_batch_open {
+            return Err(self.err(DecodeErrorKind::PartEnd));
+        }
+        for i in 0..self.stack.len() {
+            let v = self.stack[i];
+            if is_container(v) {
+                self.stack[i] = self.adopt(None, v)?;
+            }
+        }
+        let part = self.part.as_mut().expect("checked above");
+        part.emitted.append(&mut self.stack);
+        part.first_batch_open = false;
+        Ok(())
+    }
+
+    /// Records the point after the opcode just run as clean, when nothing is pending there.
+    #[inline]
+    fn note_clean(&mut self, offset: u64) {
+        if let Some(part) = self.part.as_mut() {
+            if !part.first_batch_open && self.stack.is_empty() && self.marks.is_empty() {
+                part.clean = Some(CleanPoint {
+                    offset,
+                    emitted: part.emitted.len(),
+                    memo: self.memo.len() - self.memo.offset() as usize,
+                    values: self.values,
+                });
+            }
+        }
+    }
+
     fn err(&self, kind: DecodeErrorKind) -> DecodeError {
         DecodeError {
             offset: self.offset,
@@ -313,6 +663,7 @@ impl<A: Adopter> Vm<'_, A> {
             })?;
         while let Some((slot, replacement)) = self.heap.memo_rewrites.pop() {
             self.memo.replace(slot as u64, replacement);
+            self.adopter.memoized(&self.heap, slot as u64, replacement);
         }
         Ok(out)
     }
@@ -329,13 +680,35 @@ impl<A: Adopter> Vm<'_, A> {
     fn memo_put(&mut self, index: u64, v: Value) {
         self.heap.note_memo(v, index);
         self.memo.put(index, v);
+        self.adopter.memoized(&self.heap, index, v);
     }
 
     #[inline(always)]
     fn memo_get(&mut self, code: u8, index: u64) -> Result<(), DecodeError> {
         match self.memo.get(index) {
-            Some(v) => self.push(v),
-            None => Err(self.missing_memo(code, index)),
+            Some(v) if !is_stand_in(v) => self.push(v),
+            _ => {
+                let v = self.memo_miss(code, index)?;
+                self.push(v)
+            }
+        }
+    }
+
+    /// A memo index this decoder did not store: in a part of a split decode, one stored by an
+    /// earlier part (imported); otherwise an error.
+    #[cold]
+    fn memo_miss(&mut self, code: u8, index: u64) -> Result<Value, DecodeError> {
+        match self.memo.get(index) {
+            Some(Memo::ELSEWHERE) => match self.adopter.import(&mut self.heap, index) {
+                Some(v) => {
+                    // later fetches find it in place
+                    self.memo.put(index, v);
+                    Ok(v)
+                }
+                None => Err(self.part_end()),
+            },
+            Some(UNAVAILABLE) => Err(self.part_end()),
+            _ => Err(self.missing_memo(code, index)),
         }
     }
 
@@ -419,19 +792,25 @@ impl<A: Adopter> Vm<'_, A> {
             return Err(self.err(DecodeErrorKind::MemoryLimit(caps.max_memory)));
         }
         let held = (crate::memory::thread_bytes() - self.thread_base).max(0) as u64;
+        let read = read.saturating_sub(self.start);
         if held > crate::memory::BASE_ALLOWANCE.saturating_add(read.saturating_mul(2)) {
             return Err(self.err(DecodeErrorKind::MemoryBomb { held, read }));
         }
         Ok(())
     }
 
-    fn run<R: Read>(&mut self, r: &mut Reader<R>) -> Result<Value, DecodeError> {
+    /// Runs opcodes to `STOP` (`Some(root)`), or until the offset reaches `stop_at` (`None`).
+    fn run<R: Read>(&mut self, r: &mut Reader<R>) -> Result<Option<Value>, DecodeError> {
         loop {
             self.offset = r.offset();
+            if self.offset >= self.stop_at {
+                return Ok(None);
+            }
             self.since_check += 1;
             if self.since_check >= CHECK_EVERY {
                 self.since_check = 0;
                 self.check_memory(self.offset)?;
+                self.adopter.tick();
             }
             if self.fast_step(r)? {
                 continue;
@@ -454,7 +833,10 @@ impl<A: Adopter> Vm<'_, A> {
                     self.fixed::<R, 8>(r)?;
                 }
                 op::STOP => {
-                    return self.pop(code);
+                    if self.part.is_some() {
+                        return Err(self.part_end());
+                    }
+                    return self.pop(code).map(Some);
                 }
                 op::MARK => self.marks.push(self.stack.len()),
                 op::POP => {
@@ -655,10 +1037,21 @@ impl<A: Adopter> Vm<'_, A> {
                     self.push(Value::Dict(id))?;
                 }
                 op::APPEND => {
+                    if self.part.is_some() && self.stack.len() == 1 && self.marks.is_empty() {
+                        self.append_below(false)?;
+                        self.note_clean(r.offset());
+                        continue;
+                    }
                     let item = self.pop(code)?;
                     let target = self.top(code)?;
                     let item = self.adopt(None, item)?;
                     self.list_target(code, target)?.push(item);
+                }
+                op::APPENDS if self.part.is_some() && self.marks.last().is_none_or(|&m| m == 0) => {
+                    // to the list below this part's stack
+                    let first = self.marks.pop().is_none();
+                    self.append_below(first)?;
+                    self.note_clean(r.offset());
                 }
                 op::APPENDS | op::ADDITEMS => {
                     let Some(m) = self.marks.pop() else {
@@ -721,16 +1114,25 @@ impl<A: Adopter> Vm<'_, A> {
                     self.memo_put(index, v);
                 }
                 op::BINPUT => {
+                    if self.part.is_some() {
+                        return Err(self.part_end());
+                    }
                     let [i] = self.fixed::<R, 1>(r)?;
                     let v = self.top(code)?;
                     self.memo_put(i as u64, v);
                 }
                 op::LONG_BINPUT => {
+                    if self.part.is_some() {
+                        return Err(self.part_end());
+                    }
                     let i = u32::from_le_bytes(self.fixed::<R, 4>(r)?);
                     let v = self.top(code)?;
                     self.memo_put(i as u64, v);
                 }
                 op::PUT => {
+                    if self.part.is_some() {
+                        return Err(self.part_end());
+                    }
                     let i = self.text_index(r, code)?;
                     let v = self.top(code)?;
                     self.memo_put(i, v);
@@ -769,15 +1171,43 @@ impl<A: Adopter> Vm<'_, A> {
         }
         let code = w[0];
         match code {
-            op::LONG_BINGET => {
-                let i = u32::from_le_bytes([w[1], w[2], w[3], w[4]]);
-                r.advance(5);
-                self.memo_get(code, i as u64)?;
-            }
-            op::BINGET => {
-                let i = w[1];
-                r.advance(2);
-                self.memo_get(code, i as u64)?;
+            op::LONG_BINGET | op::BINGET => {
+                // Fetches come in runs (a stack's frames are dozens in a row): the whole run is
+                // decoded here, without going back through the dispatch for each one.
+                let mut pos = 0;
+                let mut ops = 0u32;
+                let base = r.offset();
+                while let Some(&[c, a, b, d, e]) = w.get(pos..pos + 5) {
+                    let long = c == op::LONG_BINGET;
+                    if !long && c != op::BINGET {
+                        break;
+                    }
+                    // The two widths mix at random (indices above and below 256): selected
+                    // without a branch, which would mispredict half the time.
+                    let wide = u32::from_le_bytes([a, b, d, e]);
+                    let index = std::hint::select_unpredictable(long, wide, wide & 0xff) as u64;
+                    let width = std::hint::select_unpredictable(long, 5, 2);
+                    match self.memo.get(index) {
+                        Some(v) if !is_stand_in(v) => {
+                            self.values += 1;
+                            self.stack.push(v);
+                        }
+                        _ => {
+                            self.offset = base + pos as u64;
+                            let v = self.memo_miss(c, index)?;
+                            self.values += 1;
+                            self.stack.push(v);
+                        }
+                    }
+                    pos += width;
+                    ops += 1;
+                }
+                r.advance(pos);
+                self.since_check += ops.saturating_sub(1);
+                if self.values > self.limits.max_values {
+                    self.offset = base;
+                    return Err(self.too_many());
+                }
             }
             op::MEMOIZE => {
                 r.advance(1);
@@ -911,6 +1341,12 @@ impl<A: Adopter> Vm<'_, A> {
             }),
         }
     }
+}
+
+/// A memo entry that stands in for one of another part of a split decode.
+#[inline(always)]
+fn is_stand_in(v: Value) -> bool {
+    matches!(v, Value::Handle(u8::MAX, _))
 }
 
 #[inline(always)]

@@ -16,9 +16,10 @@ use super::*;
 use crate::pickle::{self, Adopter, Decoded, FieldError, Heap, Limits, Ref, Value};
 use crate::{Error, ErrorKind};
 
-const FRAME: u8 = 1;
-const STACK: u8 = 2;
-const EVENT: u8 = 3;
+/// Handle kinds of compacted values.
+pub(crate) const FRAME: u8 = 1;
+pub(crate) const STACK: u8 = 2;
+pub(crate) const EVENT: u8 = 3;
 
 /// Options for [`load`].
 #[derive(Clone, Default)]
@@ -66,13 +67,31 @@ const K_BLOCK_SIZE: u32 = 14;
 
 /// The VM hook that turns frames, stacks and trace entries into rows as they complete.
 pub(crate) struct EntryCompactor {
-    stacks: Stacks,
-    events: Vec<TraceEvent>,
-    forward_frames: Vec<Vec<StrId>>,
+    pub(crate) stacks: Stacks,
+    pub(crate) events: Vec<TraceEvent>,
+    pub(crate) forward_frames: Vec<Vec<StrId>>,
     actions: Vec<(StrId, Action)>,
-    unknown_actions: u64,
+    pub(crate) unknown_actions: u64,
     scratch: Vec<FrameId>,
+    /// The tie to the other parts of a split decode, if any.
+    #[cfg(unix)]
+    pub(crate) link: Option<super::split::Link>,
+    /// Memo indices of frame lists that another part of a split decode stored and did not
+    /// export; a row's stack `StackId(u32::MAX - k)` stands for entry `k` here.
+    deferred_stacks: Vec<u64>,
+    /// Memo indices of frames deferred likewise: `FrameId(u32::MAX - k)` stands for entry `k`.
+    deferred_frames: Vec<u64>,
+    /// Memo indices of deferred text fields: `StrId(u32::MAX - k)` stands for entry `k`.
+    deferred_texts: Vec<u64>,
+    /// Where each deferred memo index is in the three lists above.
+    deferred_index: rustc_hash::FxHashMap<(u8, u32), u32>,
+    /// A value of another part was needed where it could not be deferred: this part cannot be
+    /// taken in.
+    pub(crate) tainted: bool,
 }
+
+/// The handle kind of a value deferred by a split decode ([`super::split`]).
+const DEFERRED: u8 = 4;
 
 impl EntryCompactor {
     pub(crate) fn new() -> Self {
@@ -83,18 +102,67 @@ impl EntryCompactor {
             actions: Vec::new(),
             unknown_actions: 0,
             scratch: Vec::new(),
+            #[cfg(unix)]
+            link: None,
+            deferred_stacks: Vec::new(),
+            deferred_frames: Vec::new(),
+            deferred_texts: Vec::new(),
+            deferred_index: Default::default(),
+            tainted: false,
         }
     }
 
+    /// A text field's string (empty when it is no string).
+    fn text_of(&mut self, v: Value) -> StrId {
+        match v {
+            Value::Handle(DEFERRED, index) => StrId(
+                u32::MAX - deferral(&mut self.deferred_texts, &mut self.deferred_index, 2, index),
+            ),
+            v => str_id(v).unwrap_or(StrId(K_EMPTY)),
+        }
+    }
+
+    /// The memo index a text field stands for, when it was deferred.
+    pub(crate) fn deferred_text(&self, s: StrId) -> Option<u64> {
+        let k = (u32::MAX - s.0) as usize;
+        self.deferred_texts.get(k).copied()
+    }
+
+    /// The memo index a row's stack stands for, when the stack was deferred.
+    pub(crate) fn deferred_stack(&self, s: StackId) -> Option<u64> {
+        let k = (u32::MAX - s.0) as usize;
+        self.deferred_stacks.get(k).copied()
+    }
+
+    /// The memo index a frame id stands for, when the frame was deferred.
+    pub(crate) fn deferred_frame(&self, f: FrameId) -> Option<u64> {
+        let k = (u32::MAX - f.0) as usize;
+        self.deferred_frames.get(k).copied()
+    }
+
     /// A frame id for a frame dict (or an already compacted frame).
-    fn frame_of(&mut self, heap: &Heap, v: Value) -> Option<FrameId> {
+    pub(crate) fn frame_of(&mut self, heap: &Heap, v: Value) -> Option<FrameId> {
         let v = heap.forwarded(v).unwrap_or(v);
         match v {
             Value::Handle(FRAME, id) => Some(FrameId(id)),
+            Value::Handle(DEFERRED, index) => Some(FrameId(
+                u32::MAX
+                    - deferral(
+                        &mut self.deferred_frames,
+                        &mut self.deferred_index,
+                        0,
+                        index,
+                    ),
+            )),
             Value::Dict(d) => {
                 let (mut name, mut filename, mut line) = (None, None, 0u32);
                 for &(key, val) in heap.dict(d) {
+                    self.tainted |= is_deferred(key) || is_deferred(val);
                     let Value::Str(key) = key else { continue };
+                    #[cfg(unix)]
+                    if let Some(link) = self.link.as_mut() {
+                        link.need(heap, key);
+                    }
                     match key.0 {
                         K_NAME => name = str_id(val),
                         K_FILENAME => filename = str_id(val),
@@ -119,15 +187,28 @@ impl EntryCompactor {
     }
 
     /// A stack id for a list of frames, or `None` if an item is not a frame.
-    fn stack_of(&mut self, heap: &Heap, v: Value) -> Option<StackId> {
+    pub(crate) fn stack_of(&mut self, heap: &Heap, v: Value) -> Option<StackId> {
         let v = heap.forwarded(v).unwrap_or(v);
         match v {
             Value::Handle(STACK, id) => Some(StackId(id)),
+            Value::Handle(DEFERRED, index) => Some(StackId(
+                u32::MAX
+                    - deferral(
+                        &mut self.deferred_stacks,
+                        &mut self.deferred_index,
+                        1,
+                        index,
+                    ),
+            )),
             Value::List(l) => {
                 let mut scratch = std::mem::take(&mut self.scratch);
                 scratch.clear();
                 let mut ok = true;
                 for &item in heap.list(l) {
+                    if let Value::Handle(FRAME, id) = item {
+                        scratch.push(FrameId(id));
+                        continue;
+                    }
                     match self.frame_of(heap, item) {
                         Some(f) => scratch.push(f),
                         None => {
@@ -177,7 +258,19 @@ impl EntryCompactor {
         };
         let mut block_size = None;
         for &(key, val) in heap.dict(d) {
+            // deferred frame lists and texts are resolved later; nothing else can be
+            let resolvable = [K_FRAMES, K_COMPILE_CONTEXT, K_USER_METADATA]
+                .map(|k| Value::Str(StrId(k)))
+                .contains(&key);
+            self.tainted |= is_deferred(key) || (is_deferred(val) && !resolvable);
             let Value::Str(key) = key else { continue };
+            #[cfg(unix)]
+            if let Some(link) = self.link.as_mut() {
+                link.need(heap, key);
+                if let (K_ACTION, Value::Str(action)) = (key.0, val) {
+                    link.need(heap, action);
+                }
+            }
             match key.0 {
                 K_ACTION => ev.action = self.action_of(heap, val),
                 K_ADDR | K_DEVICE_FREE => ev.addr = unsigned(heap, val, "trace entry addr")?,
@@ -186,8 +279,8 @@ impl EntryCompactor {
                 K_STREAM => ev.stream = signed(heap, val, "trace entry stream")?,
                 K_TIME_US => ev.time_us = signed(heap, val, "trace entry time_us")?,
                 K_FRAMES => ev.stack = self.stack_of(heap, val).unwrap_or(StackId::EMPTY),
-                K_COMPILE_CONTEXT => ev.compile_context = str_id(val).unwrap_or(empty),
-                K_USER_METADATA => ev.user_metadata = str_id(val).unwrap_or(empty),
+                K_COMPILE_CONTEXT => ev.compile_context = self.text_of(val),
+                K_USER_METADATA => ev.user_metadata = self.text_of(val),
                 K_FORWARD_FRAMES => {
                     if let Value::List(l) = val {
                         let lines: Vec<StrId> =
@@ -212,6 +305,26 @@ impl EntryCompactor {
 }
 
 impl Adopter for EntryCompactor {
+    #[cfg(unix)]
+    #[inline]
+    fn memoized(&mut self, heap: &Heap, index: u64, value: Value) {
+        if let Some(link) = &mut self.link {
+            link.export(heap, &self.stacks, index, value);
+        }
+    }
+
+    #[cfg(unix)]
+    fn tick(&mut self) {
+        if let Some(link) = &mut self.link {
+            link.tick();
+        }
+    }
+
+    #[cfg(unix)]
+    fn import(&mut self, heap: &mut Heap, index: u64) -> Option<Value> {
+        self.link.as_mut()?.import(heap, &mut self.stacks, index)
+    }
+
     fn prepare(&mut self, heap: &mut Heap, limits: &Limits) {
         for (i, key) in KEYS.iter().enumerate() {
             let id = heap.intern(key);
@@ -233,6 +346,7 @@ impl Adopter for EntryCompactor {
             Value::Dict(d) => {
                 let (mut action, mut name, mut filename) = (false, false, false);
                 for &(key, _) in heap.dict(d) {
+                    self.tainted |= is_deferred(key);
                     if let Value::Str(s) = key {
                         action |= s.0 == K_ACTION;
                         name |= s.0 == K_NAME;
@@ -276,6 +390,26 @@ impl Adopter for EntryCompactor {
             _ => Ok(value),
         }
     }
+}
+
+/// A value of another part of a split decode, resolved only when the part is taken in.
+#[inline]
+fn is_deferred(v: Value) -> bool {
+    matches!(v, Value::Handle(DEFERRED, _))
+}
+
+/// The place of a deferred memo `index` in `list` (added the first time); `list_id` tells
+/// the lists apart in `places`.
+fn deferral(
+    list: &mut Vec<u64>,
+    places: &mut rustc_hash::FxHashMap<(u8, u32), u32>,
+    list_id: u8,
+    index: u32,
+) -> u32 {
+    *places.entry((list_id, index)).or_insert_with(|| {
+        list.push(index as u64);
+        (list.len() - 1) as u32
+    })
 }
 
 fn str_id(v: Value) -> Option<StrId> {
@@ -803,6 +937,43 @@ pub(crate) fn assemble(
     Ok(snap)
 }
 
+/// Decodes a large plain snapshot file in parts on several threads ([`super::split`]); `None`
+/// when it is not such a file or the split gives up.
+#[cfg(unix)]
+fn load_split(
+    path: &Path,
+    len: u64,
+    options: &LoadOptions,
+    on_read: Box<dyn FnMut(u64) + Send>,
+) -> Option<Snapshot> {
+    if path == Path::new(pickle::source::STDIN) {
+        return None;
+    }
+    let file = std::fs::File::open(path).ok()?;
+    let mut head = [0u8; 6];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut head, 0).ok()?;
+    if pickle::Compression::sniff(&head) != pickle::Compression::None {
+        return None;
+    }
+    let mut snap = super::split::load(file, len, options.limits, on_read)?;
+    snap.source.compression = Some(pickle::Compression::None);
+    snap.source.file_bytes = len;
+    if crate::memory::process_bytes() > options.limits.caps.max_memory {
+        return None;
+    }
+    Some(snap)
+}
+
+#[cfg(not(unix))]
+fn load_split(
+    _: &Path,
+    _: u64,
+    _: &LoadOptions,
+    _: Box<dyn FnMut(u64) + Send>,
+) -> Option<Snapshot> {
+    None
+}
+
 /// Decodes a snapshot from an uncompressed pickle stream.
 pub fn from_pickle<R: Read>(input: R, limits: Limits) -> Result<Snapshot, ErrorKind> {
     let mut compactor = EntryCompactor::new();
@@ -815,13 +986,20 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<Snapshot, Error> {
     let wrap = |kind| Error::new(path, kind);
     let total = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let progress = options.on_progress.clone();
-    let mut read_so_far = 0u64;
-    let on_read: Box<dyn FnMut(u64) + Send> = Box::new(move |n| {
-        read_so_far += n;
-        if let Some(p) = &progress {
-            p(read_so_far, total);
-        }
-    });
+    let on_read = move || -> Box<dyn FnMut(u64) + Send> {
+        let progress = progress.clone();
+        let mut read_so_far = 0u64;
+        Box::new(move |n| {
+            read_so_far += n;
+            if let Some(p) = &progress {
+                p(read_so_far, total);
+            }
+        })
+    };
+    if let Some(snap) = load_split(path, total, options, on_read()) {
+        return Ok(snap);
+    }
+    let on_read = on_read();
     let (reader, compression, file_bytes) =
         pickle::source::open(path, on_read).map_err(|e| wrap(ErrorKind::Io(e)))?;
     let mut limits = options.limits;

@@ -11,6 +11,8 @@
 //! never exists as Python-like dicts. What the events *mean* over time is the replay stage's job.
 
 mod build;
+#[cfg(unix)]
+mod split;
 mod stacks;
 
 use std::path::Path;
@@ -257,6 +259,9 @@ pub struct Snapshot {
     pub source: SourceInfo,
     /// Shortest unambiguous suffixes of frame file names, computed on first use.
     pub(crate) short_files: std::sync::OnceLock<rustc_hash::FxHashMap<StrId, String>>,
+    /// Facts about each distinct frame that the attribution stage tests in every stack,
+    /// computed on first use (`attribute::frames`).
+    pub(crate) frame_facts: std::sync::OnceLock<Vec<u8>>,
 }
 
 impl Snapshot {
