@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${1:-target/release/memsnap}"
 out=fuzz/corpus
-mkdir -p "$out/decode" "$out/settings"
+mkdir -p "$out/decode" "$out/settings" "$out/split"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 n=0
@@ -21,7 +21,12 @@ for f in $(find testdata ../shared/snapshots -name '*.pickle*' 2>/dev/null | sor
     *.xz) xz -dc "$f" > "$tmp/plain" ;;
     *) cp "$f" "$tmp/plain" ;;
   esac
-  if [ "$(stat -c %s "$tmp/plain")" -le 65536 ]; then
+  size=$(stat -c %s "$tmp/plain")
+  # decoding in parts needs a few 64 KiB frames: the snapshots of 80 to 600 KB as they are
+  if [ "$size" -ge 80000 ] && [ "$size" -le 600000 ]; then
+    cp "$tmp/plain" "$out/split/snapshot-$n.pickle"
+  fi
+  if [ "$size" -le 65536 ]; then
     cp "$tmp/plain" "$out/decode/snapshot-$n.pickle"
   else
     "$bin" trim --quiet "$tmp/plain" --around-peak 40 -o "$tmp/cut-$n.pickle" >/dev/null 2>&1 \

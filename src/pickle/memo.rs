@@ -91,6 +91,7 @@ impl Memo {
 
     /// Appends entries after the last one (what another part of a split decode stored).
     pub(crate) fn extend(&mut self, values: &[Value]) {
+        self.dense.reserve(values.len());
         for &v in values {
             let p = self.pack(v);
             self.dense.push(p);

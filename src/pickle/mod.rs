@@ -10,6 +10,9 @@
 //! What this stage owns:
 //! - reading plain, gzip, xz or zstd input in bounded windows ([`source`]);
 //! - protocols 0 to 5 and every opcode a data-only pickle uses, `FRAME`, memo ops of all widths;
+//! - decoding one stretch of a pickle on its own ([`decode_part`]), and pausing a decode to take
+//!   such a stretch in ([`Resumable`]), with [`scan`] to number the memo entries before it: the
+//!   snapshot stage splits large files across threads with them;
 //! - refusing, with the byte offset, every opcode that would import or call code
 //!   (`GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`, `INST`, `OBJ`, `NEWOBJ(_EX)`, `EXT1/2/4`,
 //!   `PERSID`, `BINPERSID`). Nothing is ever executed;

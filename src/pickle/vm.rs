@@ -65,6 +65,10 @@ pub trait Adopter {
     /// Called every few thousand opcodes (to hand over exports that another part waits for).
     fn tick(&mut self) {}
 
+    /// Told that a part of a split decode may end here (nothing is pending), so that the
+    /// adopter can remember how far its own tables had come.
+    fn clean(&mut self, _heap: &Heap) {}
+
     /// The value of a memo entry stored before this part of a split decode began (by another
     /// part), made in this part's heap; `None` when it cannot be had.
     fn import(&mut self, _heap: &mut Heap, _index: u64) -> Option<Value> {
@@ -114,6 +118,9 @@ struct Vm<'a, A: Adopter> {
     stop_at: u64,
     /// Set when decoding one part of a split decode on its own.
     part: Option<Box<PartState>>,
+    /// Memory a part may hold besides its allowance: the memo's stand-ins for earlier parts'
+    /// entries (8 bytes each, twice while the memo grows).
+    stand_in_bytes: u64,
 }
 
 const UNAVAILABLE: Value = Value::UNAVAILABLE;
@@ -278,20 +285,21 @@ impl<'a, R: Read + std::io::Seek, A: Adopter> Resumable<'a, R, A> {
     }
 }
 
-/// A part's outcome, translated into the values of the decoder that takes it in
-/// ([`Resumable::take_part`]).
+/// Where a part of a split decode ended and what it left ([`decode_part`]); taken in by
+/// [`Resumable::take_part`] once its values are the first decoder's.
 pub struct PartInput {
-    /// Offset where the part ended; decoding goes on from there.
+    /// Offset where its usable decoding ends (the next part's start, or the last point where
+    /// nothing was pending); decoding goes on from there.
     pub end: u64,
-    /// Values it appended to the list, in order.
+    /// Values it appended to the outer list, in order.
     pub emitted: Vec<Value>,
-    /// Values above the latest mark at its end.
+    /// Values above the latest mark at its end (adopted).
     pub pending: Vec<Value>,
     /// It closed the batch that was open where it began.
     pub closed_first_batch: bool,
     /// A batch is open at its end (the pending values belong to it).
     pub batch_open: bool,
-    /// Its memo entries, in order.
+    /// Its memo entries, from its first index on.
     pub memo: Vec<Value>,
     /// Values it created (counted against the value budget).
     pub values: u64,
@@ -301,23 +309,12 @@ pub struct PartInput {
 pub struct PartOutput {
     /// Offset where it began.
     pub start: u64,
-    /// Offset where its usable decoding ends (the next part's start, or the last point where
-    /// nothing was pending).
-    pub end: u64,
-    /// Values appended to the outer list, in order.
-    pub emitted: Vec<Value>,
-    /// Values above the latest mark at `end` (adopted).
-    pub pending: Vec<Value>,
-    /// The batch open at `start` was closed.
-    pub closed_first_batch: bool,
-    /// A batch is open at `end`.
-    pub batch_open: bool,
-    /// Memo entries stored by the part, from its first index on.
-    pub memo: Vec<Value>,
-    /// Values created.
-    pub values: u64,
+    /// Where it ended and what it left, in its own values.
+    pub input: PartInput,
     /// The part's heap (strings, and what its values refer to).
     pub heap: Heap,
+    /// It ended at its last clean point ([`Adopter::clean`]), not where it was asked to stop.
+    pub ended_clean: bool,
 }
 
 /// Decodes one part of a pickle on its own: `input` is positioned at `start`, just before a
@@ -338,6 +335,9 @@ pub fn decode_part<R: Read, A: Adopter>(
     adopter.prepare(&mut heap, &limits);
     let mut vm = Vm::new(heap, limits, adopter, start);
     vm.memo = Memo::starting_at(memo_base, (limits.size_hint / 24).min(1 << 20) as usize);
+    // the stand-ins for earlier parts' entries are not held for what this part reads
+    vm.thread_base = crate::memory::thread_bytes();
+    vm.stand_in_bytes = memo_base.saturating_mul(16);
     vm.stop_at = stop_at;
     vm.part = Some(Box::new(PartState {
         first_batch_open: true,
@@ -371,14 +371,17 @@ pub fn decode_part<R: Read, A: Adopter>(
             let count = vm.memo.len() - memo_base;
             return Some(PartOutput {
                 start,
-                end: stop_at,
-                emitted: part.emitted,
-                pending,
-                closed_first_batch,
-                batch_open,
-                memo: vm.memo.own_values(count),
-                values: vm.values,
+                input: PartInput {
+                    end: stop_at,
+                    emitted: part.emitted,
+                    pending,
+                    closed_first_batch,
+                    batch_open,
+                    memo: vm.memo.own_values(count),
+                    values: vm.values,
+                },
                 heap: vm.heap,
+                ended_clean: false,
             });
         }
     }
@@ -388,14 +391,17 @@ pub fn decode_part<R: Read, A: Adopter>(
     vm.memo.truncate_own(clean.memo);
     Some(PartOutput {
         start,
-        end: clean.offset,
-        emitted,
-        pending: Vec::new(),
-        closed_first_batch: true,
-        batch_open: false,
-        memo: vm.memo.own_values(clean.memo),
-        values: clean.values,
+        input: PartInput {
+            end: clean.offset,
+            emitted,
+            pending: Vec::new(),
+            closed_first_batch: true,
+            batch_open: false,
+            memo: vm.memo.own_values(clean.memo),
+            values: clean.values,
+        },
         heap: vm.heap,
+        ended_clean: true,
     })
 }
 
@@ -471,6 +477,7 @@ impl<'a, A: Adopter> Vm<'a, A> {
             start,
             stop_at: u64::MAX,
             part: None,
+            stand_in_bytes: 0,
         }
     }
 
@@ -543,6 +550,7 @@ impl<'a, A: Adopter> Vm<'a, A> {
                     memo: self.memo.len() - self.memo.offset() as usize,
                     values: self.values,
                 });
+                self.adopter.clean(&self.heap);
             }
         }
     }
@@ -793,7 +801,10 @@ impl<'a, A: Adopter> Vm<'a, A> {
         }
         let held = (crate::memory::thread_bytes() - self.thread_base).max(0) as u64;
         let read = read.saturating_sub(self.start);
-        if held > crate::memory::BASE_ALLOWANCE.saturating_add(read.saturating_mul(2)) {
+        let allowance = crate::memory::BASE_ALLOWANCE
+            .saturating_add(read.saturating_mul(2))
+            .saturating_add(self.stand_in_bytes);
+        if held > allowance {
             return Err(self.err(DecodeErrorKind::MemoryBomb { held, read }));
         }
         Ok(())

@@ -88,6 +88,8 @@ pub(crate) struct EntryCompactor {
     /// A value of another part was needed where it could not be deferred: this part cannot be
     /// taken in.
     pub(crate) tainted: bool,
+    /// Strings, frames and stacks there were at the last clean point of a part.
+    pub(crate) at_clean: (usize, usize, usize),
 }
 
 /// The handle kind of a value deferred by a split decode ([`super::split`]).
@@ -109,6 +111,7 @@ impl EntryCompactor {
             deferred_texts: Vec::new(),
             deferred_index: Default::default(),
             tainted: false,
+            at_clean: (0, 0, 0),
         }
     }
 
@@ -311,6 +314,14 @@ impl Adopter for EntryCompactor {
         if let Some(link) = &mut self.link {
             link.export(heap, &self.stacks, index, value);
         }
+    }
+
+    fn clean(&mut self, heap: &Heap) {
+        self.at_clean = (
+            heap.string_count(),
+            self.stacks.frame_count(),
+            self.stacks.stack_count(),
+        );
     }
 
     #[cfg(unix)]

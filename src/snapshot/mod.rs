@@ -8,7 +8,8 @@
 //!
 //! Strings are interned ([`StrId`]), frames and stacks too ([`Stacks`]); a trace event is a
 //! 48-byte row. Building happens while the pickle is decoded (see [`from_pickle`]), so a large trace
-//! never exists as Python-like dicts. What the events *mean* over time is the replay stage's job.
+//! never exists as Python-like dicts. A large plain file is decoded in parts on several threads
+//! (`split`), with the same result. What the events *mean* over time is the replay stage's job.
 
 mod build;
 #[cfg(unix)]
@@ -18,6 +19,8 @@ mod stacks;
 use std::path::Path;
 
 pub use build::{from_pickle, load, LoadOptions};
+#[cfg(unix)]
+pub use split::parts_agree;
 
 /// Sizes above this (2^48 bytes, 256 TiB) are not real: no GPU holds them. A segment or block
 /// of such a size is refused; a trace event of such a size is an anomaly the replay skips, as
