@@ -33,13 +33,18 @@ fn facts(snap: &Snapshot) -> &[u8] {
     })
 }
 
+/// Whether frame `id` has `fact`, in the table [`facts`] made.
+fn has(facts: &[u8], id: FrameId, fact: u8) -> bool {
+    facts.get(id.0 as usize).is_some_and(|f| f & fact != 0)
+}
+
 /// Whether any frame of `stack` has `fact`.
 pub(crate) fn stack_has(snap: &Snapshot, stack: StackId, fact: u8) -> bool {
     let facts = facts(snap);
     snap.stacks
         .stack(stack)
         .iter()
-        .any(|id| facts.get(id.0 as usize).is_some_and(|f| f & fact != 0))
+        .any(|&id| has(facts, id, fact))
 }
 
 /// A value computed once per distinct stack (stack ids are dense, so this is a vector).
@@ -192,7 +197,7 @@ pub fn user_frames<'a>(snap: &'a Snapshot, stack: StackId) -> impl Iterator<Item
     snap.stacks
         .stack(stack)
         .iter()
-        .filter(move |id| facts.get(id.0 as usize).is_some_and(|f| f & PROGRAM != 0))
+        .filter(move |&&id| has(facts, id, PROGRAM))
         .map(|&id| snap.stacks.frame(id))
 }
 

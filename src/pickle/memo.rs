@@ -41,23 +41,14 @@ impl Memo {
     /// of a split decode and read as [`Memo::ELSEWHERE`] until imported (with [`Memo::put`]).
     pub(crate) fn starting_at(offset: u64, capacity: usize) -> Memo {
         let mut memo = Memo::with_capacity(capacity.saturating_add(offset as usize));
-        memo.dense
-            .resize(offset as usize, Memo::pack_handle(Memo::ELSEWHERE));
+        let stand_in = memo.pack(Memo::ELSEWHERE);
+        memo.dense.resize(offset as usize, stand_in);
         memo.offset = offset;
         memo
     }
 
     /// What an entry stored by another part reads as before it is imported.
     pub(crate) const ELSEWHERE: Value = Value::Handle(u8::MAX, u32::MAX - 1);
-
-    fn pack_handle(v: Value) -> u64 {
-        match v {
-            Value::Handle(kind, id) => {
-                (TAG_HANDLE << TAG_SHIFT) | ((kind as u64) << 32) | id as u64
-            }
-            _ => unreachable!("handles only"),
-        }
-    }
 
     /// Number of entries, those of earlier parts included (what `MEMOIZE` uses as the next
     /// index).
@@ -115,15 +106,9 @@ impl Memo {
         }
     }
 
-    #[inline(always)]
     fn unpack(&self, p: u64) -> Value {
         let payload = p & ((1 << TAG_SHIFT) - 1);
-        let tag = p >> TAG_SHIFT;
-        // What snapshots fetch nearly always: a compacted frame, or a string.
-        if tag == TAG_HANDLE {
-            return Value::Handle((payload >> 32) as u8, payload as u32);
-        }
-        match tag {
+        match p >> TAG_SHIFT {
             TAG_STR => Value::Str(StrId(payload as u32)),
             TAG_LIST => Value::List(Ref::unpack(payload)),
             TAG_TUPLE => Value::Tuple(Ref::unpack(payload)),

@@ -133,12 +133,10 @@ pub fn walk<R: Read>(input: R, from: u64, until: Until) -> Option<Walk> {
                 return None;
             }
             head[..w.len()].copy_from_slice(w);
-            let n = length(&head)?;
             if find_dict && head[0] == op::EMPTY_DICT {
                 return Some(Walk { offset, memoized });
             }
-            memoized += (head[0] == op::MEMOIZE) as u64;
-            r.skip(n).ok()?;
+            pass_one(&mut r, &head, &mut memoized)?;
             continue;
         }
         // a tight loop over the buffered window
@@ -162,17 +160,21 @@ pub fn walk<R: Read>(input: R, from: u64, until: Until) -> Option<Walk> {
             }
             pos += n as usize;
         }
-        if pos < stop || pos == 0 {
+        r.advance(pos);
+        if pos < stop {
             // an opcode longer than the window (a large string): skip it through the input
-            r.advance(pos);
-            let w = r.window();
-            let n = length(w)?;
-            memoized += (w[0] == op::MEMOIZE) as u64;
-            r.skip(n).ok()?;
-        } else {
-            r.advance(pos);
+            let head: [u8; 9] = r.window()[..9].try_into().expect("9 bytes left");
+            pass_one(&mut r, &head, &mut memoized)?;
         }
     }
+}
+
+/// Passes the opcode that `head` (its first 9 bytes, zero-padded) begins, counting it if it
+/// is a `MEMOIZE`.
+fn pass_one<R: Read>(r: &mut Reader<R>, head: &[u8; 9], memoized: &mut u64) -> Option<()> {
+    let n = length(head)?;
+    *memoized += (head[0] == op::MEMOIZE) as u64;
+    r.skip(n).ok()
 }
 
 #[cfg(test)]

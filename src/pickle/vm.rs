@@ -123,8 +123,6 @@ struct Vm<'a, A: Adopter> {
     stand_in_bytes: u64,
 }
 
-const UNAVAILABLE: Value = Value::UNAVAILABLE;
-
 /// What a part of a split decode keeps besides the ordinary VM state.
 ///
 /// A part starts just before a value inside a batch of `APPENDS` to some list (a trace's
@@ -148,6 +146,12 @@ struct CleanPoint {
     values: u64,
 }
 
+/// Memo entries reserved up front: a memo entry costs at least 2 pickle bytes (a value and
+/// `MEMOIZE`); real files use ~35.
+fn memo_capacity(limits: &Limits) -> usize {
+    (limits.size_hint / 24).min(1 << 20) as usize
+}
+
 /// Opcodes between two looks at memory: often enough that no flood gets far past a limit
 /// (each opcode holds at most a few dozen bytes, or one object no larger than its input).
 const CHECK_EVERY: u32 = 4096;
@@ -159,9 +163,7 @@ pub fn decode_with<R: Read, A: Adopter>(
     adopter: &mut A,
 ) -> Result<Decoded, DecodeError> {
     let mut reader = Reader::new(input);
-    let mut heap = Heap::default();
-    adopter.prepare(&mut heap, &limits);
-    let mut vm = Vm::new(heap, limits, adopter, 0);
+    let mut vm = Vm::new(limits, adopter, 0);
     vm.check_start(&mut reader)?;
     let root = loop {
         if let Some(root) = vm.run(&mut reader)? {
@@ -190,9 +192,7 @@ impl<'a, R: Read + std::io::Seek, A: Adopter> Resumable<'a, R, A> {
     /// Starts decoding `input` from its first byte.
     pub fn new(input: R, limits: Limits, adopter: &'a mut A) -> Result<Self, DecodeError> {
         let mut reader = Reader::new(input);
-        let mut heap = Heap::default();
-        adopter.prepare(&mut heap, &limits);
-        let mut vm = Vm::new(heap, limits, adopter, 0);
+        let mut vm = Vm::new(limits, adopter, 0);
         vm.check_start(&mut reader)?;
         Ok(Resumable { vm, reader })
     }
@@ -331,10 +331,8 @@ pub fn decode_part<R: Read, A: Adopter>(
     adopter: &mut A,
 ) -> Option<PartOutput> {
     let mut reader = Reader::starting_at(input, start);
-    let mut heap = Heap::default();
-    adopter.prepare(&mut heap, &limits);
-    let mut vm = Vm::new(heap, limits, adopter, start);
-    vm.memo = Memo::starting_at(memo_base, (limits.size_hint / 24).min(1 << 20) as usize);
+    let mut vm = Vm::new(limits, adopter, start);
+    vm.memo = Memo::starting_at(memo_base, memo_capacity(&limits));
     // the stand-ins for earlier parts' entries are not held for what this part reads
     vm.thread_base = crate::memory::thread_bytes();
     vm.stand_in_bytes = memo_base.saturating_mul(16);
@@ -459,14 +457,15 @@ fn op_name(code: u8) -> &'static str {
 }
 
 impl<'a, A: Adopter> Vm<'a, A> {
-    fn new(heap: Heap, limits: Limits, adopter: &'a mut A, start: u64) -> Self {
+    /// A VM with a fresh heap the adopter has prepared, decoding from offset `start`.
+    fn new(limits: Limits, adopter: &'a mut A, start: u64) -> Self {
+        let mut heap = Heap::default();
+        adopter.prepare(&mut heap, &limits);
         Vm {
             heap,
             stack: Vec::with_capacity(1024),
             marks: Vec::with_capacity(64),
-            // A memo entry costs at least 2 pickle bytes (a value and MEMOIZE); real files
-            // use ~35.
-            memo: Memo::with_capacity((limits.size_hint / 24).min(1 << 20) as usize),
+            memo: Memo::with_capacity(memo_capacity(&limits)),
             protocol: 0,
             values: 0,
             limits,
@@ -517,15 +516,12 @@ impl<'a, A: Adopter> Vm<'a, A> {
         self.err(DecodeErrorKind::PartEnd)
     }
 
-    /// `APPENDS` (or `APPEND`) in a part, to the list below its stack: `items_from` is where
-    /// the appended values start on the stack (0, or just above a mark at 0).
+    /// `APPENDS` (or `APPEND`) in a part, of its whole stack to the list below it:
+    /// `batch_of_first` when it closes the batch that was open where the part began.
     #[cold]
     fn append_below(&mut self, batch_of_first: bool) -> Result<(), DecodeError> {
-        let Some(part) = self.part.as_mut() else {
+        if self.part.as_ref().map(|p| p.first_batch_open) != Some(batch_of_first) {
             return Err(self.part_end());
-        };
-        if batch_of_first != part.first_batch_open {
-            return Err(self.err(DecodeErrorKind::PartEnd));
         }
         for i in 0..self.stack.len() {
             let v = self.stack[i];
@@ -695,18 +691,23 @@ impl<'a, A: Adopter> Vm<'a, A> {
     fn memo_get(&mut self, code: u8, index: u64) -> Result<(), DecodeError> {
         match self.memo.get(index) {
             Some(v) if !is_stand_in(v) => self.push(v),
-            _ => {
-                let v = self.memo_miss(code, index)?;
+            found => {
+                let v = self.memo_miss(code, index, found)?;
                 self.push(v)
             }
         }
     }
 
-    /// A memo index this decoder did not store: in a part of a split decode, one stored by an
-    /// earlier part (imported); otherwise an error.
+    /// A memo index this decoder did not store (`found` is what the memo holds there): in a
+    /// part of a split decode, one stored by an earlier part (imported); otherwise an error.
     #[cold]
-    fn memo_miss(&mut self, code: u8, index: u64) -> Result<Value, DecodeError> {
-        match self.memo.get(index) {
+    fn memo_miss(
+        &mut self,
+        code: u8,
+        index: u64,
+        found: Option<Value>,
+    ) -> Result<Value, DecodeError> {
+        match found {
             Some(Memo::ELSEWHERE) => match self.adopter.import(&mut self.heap, index) {
                 Some(v) => {
                     // later fetches find it in place
@@ -715,7 +716,7 @@ impl<'a, A: Adopter> Vm<'a, A> {
                 }
                 None => Err(self.part_end()),
             },
-            Some(UNAVAILABLE) => Err(self.part_end()),
+            Some(Value::UNAVAILABLE) => Err(self.part_end()),
             _ => Err(self.missing_memo(code, index)),
         }
     }
@@ -1203,9 +1204,9 @@ impl<'a, A: Adopter> Vm<'a, A> {
                             self.values += 1;
                             self.stack.push(v);
                         }
-                        _ => {
+                        found => {
                             self.offset = base + pos as u64;
-                            let v = self.memo_miss(c, index)?;
+                            let v = self.memo_miss(c, index, found)?;
                             self.values += 1;
                             self.stack.push(v);
                         }

@@ -76,15 +76,8 @@ pub(crate) struct EntryCompactor {
     /// The tie to the other parts of a split decode, if any.
     #[cfg(unix)]
     pub(crate) link: Option<super::split::Link>,
-    /// Memo indices of frame lists that another part of a split decode stored and did not
-    /// export; a row's stack `StackId(u32::MAX - k)` stands for entry `k` here.
-    deferred_stacks: Vec<u64>,
-    /// Memo indices of frames deferred likewise: `FrameId(u32::MAX - k)` stands for entry `k`.
-    deferred_frames: Vec<u64>,
-    /// Memo indices of deferred text fields: `StrId(u32::MAX - k)` stands for entry `k`.
-    deferred_texts: Vec<u64>,
-    /// Where each deferred memo index is in the three lists above.
-    deferred_index: rustc_hash::FxHashMap<(u8, u32), u32>,
+    /// Entries of other parts of a split decode that this part met and did not import.
+    pub(crate) deferred: Deferred,
     /// A value of another part was needed where it could not be deferred: this part cannot be
     /// taken in.
     pub(crate) tainted: bool,
@@ -93,7 +86,49 @@ pub(crate) struct EntryCompactor {
 }
 
 /// The handle kind of a value deferred by a split decode ([`super::split`]).
-const DEFERRED: u8 = 4;
+pub(crate) const DEFERRED: u8 = 4;
+
+/// What a deferred memo entry stood for where it was met.
+#[derive(Clone, Copy)]
+pub(crate) enum Deferral {
+    /// A frame of a frame list.
+    Frame,
+    /// A trace entry's frame list.
+    Stack,
+    /// A trace entry's `compile_context` or `user_metadata`.
+    Text,
+}
+
+/// Memo entries of other parts of a split decode that a part stored in its rows: the `k`-th
+/// deferred entry of a kind gets the id `u32::MAX - k` (far above any real frame, stack or
+/// string id), resolved against the first decoder's memo when the part is taken in.
+#[derive(Default)]
+pub(crate) struct Deferred {
+    indices: [Vec<u64>; 3],
+    places: rustc_hash::FxHashMap<(usize, u32), u32>,
+}
+
+impl Deferred {
+    /// The stand-in id of memo entry `index` met as `kind` (the same id each time).
+    fn stand_in(&mut self, kind: Deferral, index: u32) -> u32 {
+        let list = &mut self.indices[kind as usize];
+        let k = *self
+            .places
+            .entry((kind as usize, index))
+            .or_insert_with(|| {
+                list.push(index as u64);
+                (list.len() - 1) as u32
+            });
+        u32::MAX - k
+    }
+
+    /// The memo index a stand-in id of `kind` stands for; `None` for a real id.
+    pub(crate) fn index(&self, kind: Deferral, id: u32) -> Option<u64> {
+        self.indices[kind as usize]
+            .get((u32::MAX - id) as usize)
+            .copied()
+    }
+}
 
 impl EntryCompactor {
     pub(crate) fn new() -> Self {
@@ -106,10 +141,7 @@ impl EntryCompactor {
             scratch: Vec::new(),
             #[cfg(unix)]
             link: None,
-            deferred_stacks: Vec::new(),
-            deferred_frames: Vec::new(),
-            deferred_texts: Vec::new(),
-            deferred_index: Default::default(),
+            deferred: Deferred::default(),
             tainted: false,
             at_clean: (0, 0, 0),
         }
@@ -118,29 +150,9 @@ impl EntryCompactor {
     /// A text field's string (empty when it is no string).
     fn text_of(&mut self, v: Value) -> StrId {
         match v {
-            Value::Handle(DEFERRED, index) => StrId(
-                u32::MAX - deferral(&mut self.deferred_texts, &mut self.deferred_index, 2, index),
-            ),
+            Value::Handle(DEFERRED, index) => StrId(self.deferred.stand_in(Deferral::Text, index)),
             v => str_id(v).unwrap_or(StrId(K_EMPTY)),
         }
-    }
-
-    /// The memo index a text field stands for, when it was deferred.
-    pub(crate) fn deferred_text(&self, s: StrId) -> Option<u64> {
-        let k = (u32::MAX - s.0) as usize;
-        self.deferred_texts.get(k).copied()
-    }
-
-    /// The memo index a row's stack stands for, when the stack was deferred.
-    pub(crate) fn deferred_stack(&self, s: StackId) -> Option<u64> {
-        let k = (u32::MAX - s.0) as usize;
-        self.deferred_stacks.get(k).copied()
-    }
-
-    /// The memo index a frame id stands for, when the frame was deferred.
-    pub(crate) fn deferred_frame(&self, f: FrameId) -> Option<u64> {
-        let k = (u32::MAX - f.0) as usize;
-        self.deferred_frames.get(k).copied()
     }
 
     /// A frame id for a frame dict (or an already compacted frame).
@@ -148,15 +160,9 @@ impl EntryCompactor {
         let v = heap.forwarded(v).unwrap_or(v);
         match v {
             Value::Handle(FRAME, id) => Some(FrameId(id)),
-            Value::Handle(DEFERRED, index) => Some(FrameId(
-                u32::MAX
-                    - deferral(
-                        &mut self.deferred_frames,
-                        &mut self.deferred_index,
-                        0,
-                        index,
-                    ),
-            )),
+            Value::Handle(DEFERRED, index) => {
+                Some(FrameId(self.deferred.stand_in(Deferral::Frame, index)))
+            }
             Value::Dict(d) => {
                 let (mut name, mut filename, mut line) = (None, None, 0u32);
                 for &(key, val) in heap.dict(d) {
@@ -194,15 +200,9 @@ impl EntryCompactor {
         let v = heap.forwarded(v).unwrap_or(v);
         match v {
             Value::Handle(STACK, id) => Some(StackId(id)),
-            Value::Handle(DEFERRED, index) => Some(StackId(
-                u32::MAX
-                    - deferral(
-                        &mut self.deferred_stacks,
-                        &mut self.deferred_index,
-                        1,
-                        index,
-                    ),
-            )),
+            Value::Handle(DEFERRED, index) => {
+                Some(StackId(self.deferred.stand_in(Deferral::Stack, index)))
+            }
             Value::List(l) => {
                 let mut scratch = std::mem::take(&mut self.scratch);
                 scratch.clear();
@@ -407,20 +407,6 @@ impl Adopter for EntryCompactor {
 #[inline]
 fn is_deferred(v: Value) -> bool {
     matches!(v, Value::Handle(DEFERRED, _))
-}
-
-/// The place of a deferred memo `index` in `list` (added the first time); `list_id` tells
-/// the lists apart in `places`.
-fn deferral(
-    list: &mut Vec<u64>,
-    places: &mut rustc_hash::FxHashMap<(u8, u32), u32>,
-    list_id: u8,
-    index: u32,
-) -> u32 {
-    *places.entry((list_id, index)).or_insert_with(|| {
-        list.push(index as u64);
-        (list.len() - 1) as u32
-    })
 }
 
 fn str_id(v: Value) -> Option<StrId> {
@@ -966,13 +952,7 @@ fn load_split(
     if pickle::Compression::sniff(&head) != pickle::Compression::None {
         return None;
     }
-    let mut snap = super::split::load(file, len, options.limits, on_read)?;
-    snap.source.compression = Some(pickle::Compression::None);
-    snap.source.file_bytes = len;
-    if crate::memory::process_bytes() > options.limits.caps.max_memory {
-        return None;
-    }
-    Some(snap)
+    super::split::load(file, len, options.limits, on_read)
 }
 
 #[cfg(not(unix))]
@@ -1007,34 +987,38 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<Snapshot, Error> {
             }
         })
     };
-    if let Some(snap) = load_split(path, total, options, on_read()) {
-        return Ok(snap);
-    }
-    let on_read = on_read();
-    let (reader, compression, file_bytes) =
-        pickle::source::open(path, on_read).map_err(|e| wrap(ErrorKind::Io(e)))?;
-    let mut limits = options.limits;
-    if limits.size_hint == 0 {
-        // Snapshots compress about 10-20x; a generous guess only reserves address space.
-        limits.size_hint = match compression {
-            pickle::Compression::None => file_bytes,
-            _ => file_bytes.saturating_mul(16),
-        };
-    }
-    let compressed = compression != pickle::Compression::None;
-    let mut snap = from_pickle(reader, limits).map_err(|mut kind| {
-        if let ErrorKind::Decode(d) = &mut kind {
-            d.decompressed = compressed;
+    let (mut snap, compression, file_bytes) = match load_split(path, total, options, on_read()) {
+        Some(snap) => (snap, pickle::Compression::None, total),
+        None => {
+            let (reader, compression, file_bytes) =
+                pickle::source::open(path, on_read()).map_err(|e| wrap(ErrorKind::Io(e)))?;
+            let mut limits = options.limits;
+            if limits.size_hint == 0 {
+                // Snapshots compress about 10-20x; a generous guess only reserves address
+                // space.
+                limits.size_hint = match compression {
+                    pickle::Compression::None => file_bytes,
+                    _ => file_bytes.saturating_mul(16),
+                };
+            }
+            let compressed = compression != pickle::Compression::None;
+            let snap = from_pickle(reader, limits).map_err(|mut kind| {
+                if let ErrorKind::Decode(d) = &mut kind {
+                    d.decompressed = compressed;
+                }
+                wrap(kind)
+            })?;
+            (snap, compression, file_bytes)
         }
-        wrap(kind)
-    })?;
+    };
     snap.source.compression = Some(compression);
     snap.source.file_bytes = file_bytes;
-    if crate::memory::process_bytes() > limits.caps.max_memory {
+    let max_memory = options.limits.caps.max_memory;
+    if crate::memory::process_bytes() > max_memory {
         return Err(wrap(ErrorKind::Decode(pickle::DecodeError {
             offset: snap.source.pickle_bytes,
-            kind: pickle::DecodeErrorKind::MemoryLimit(limits.caps.max_memory),
-            decompressed: compressed,
+            kind: pickle::DecodeErrorKind::MemoryLimit(max_memory),
+            decompressed: compression != pickle::Compression::None,
         })));
     }
     Ok(snap)

@@ -8,9 +8,11 @@
 //!
 //! - [`crate::pickle::scan`] counts the memo entries before the part, so its `MEMOIZE`s get the
 //!   indices the whole pickle gives them;
-//! - a memo fetch of an entry stored by an earlier part (a key, an action name, a frame) is
-//!   imported: each part exports its strings and frames as it stores them, and a part that
-//!   needs one waits until the part before has it (or has finished without it);
+//! - a memo fetch of an entry stored by an earlier part is imported when that part exported it
+//!   (the keys, action names and frames it met, sent in batches, at once when a part waits);
+//!   what was not exported (a frame list PyTorch shares between the entries of a block's free,
+//!   a shared text, a frame not reached yet) is deferred, and resolved against the first
+//!   decoder's memo when the part is taken in;
 //! - the part stops at the next part's first entry, or where the pickle reaches below its stack
 //!   (the end of the list); it then holds trace rows, a memo and a few pending values.
 //!
@@ -29,7 +31,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use rustc_hash::FxHashMap;
 
-use super::build::{assemble, EntryCompactor, EVENT, FRAME, STACK};
+use super::build::{assemble, Deferral, EntryCompactor, DEFERRED, EVENT, FRAME, STACK};
 use super::{Frame, FrameId, Snapshot, StackId, StrId, TraceEvent};
 use crate::pickle::scan::{self, Until};
 use crate::pickle::source::FileAt;
@@ -74,10 +76,6 @@ struct BoardState {
     /// How many times each part has sent its exports.
     sends: Vec<u64>,
 }
-
-/// A handle kind of the compactor's: a memo entry of an earlier part that is not exported
-/// (a frame list shared by two entries), resolved when the part is taken in.
-pub(crate) const DEFERRED: u8 = 4;
 
 /// The parts' shared notice board.
 pub(crate) struct Board {
@@ -458,7 +456,7 @@ fn decode_later_part(
     let base = before + entry.memoized;
     board.update(|s| s.bases[k] = Some(base));
     // stop at the next part's first entry, when it has one
-    let stop_at = if k + 1 < cuts.len() + 1 {
+    let stop_at = if k < cuts.len() {
         board.wait_for(|s| s.starts[k + 1].map(|st| st.map_or(u64::MAX, |(p, _)| p)))
     } else {
         u64::MAX
@@ -708,7 +706,7 @@ impl<'a> Translation<'a> {
 
     fn string(&mut self, s: StrId) -> StrId {
         if s.0 as usize >= self.from_heap.string_count() {
-            if let Some(index) = self.from.deferred_text(s) {
+            if let Some(index) = self.from.deferred.index(Deferral::Text, s.0) {
                 // a text of the first decoder's, read as one piece reads it
                 return match (self.memo)(index) {
                     Some(Value::Str(t)) => t,
@@ -726,7 +724,7 @@ impl<'a> Translation<'a> {
         if let Some(&t) = self.frames.get(f.0 as usize).filter(|&&t| t != NOT_YET) {
             return FrameId(t);
         }
-        if let Some(index) = self.from.deferred_frame(f) {
+        if let Some(index) = self.from.deferred.index(Deferral::Frame, f.0) {
             // a frame of the first decoder's, read as one piece reads it
             let v = (self.memo)(index).unwrap_or(Value::None);
             return self.into.frame_of(self.heap, v).unwrap_or(FrameId(NOT_YET));
@@ -779,7 +777,7 @@ impl<'a> Translation<'a> {
                 self.into.forward_frames.len() as u32
             }
         };
-        let stack = match self.from.deferred_stack(e.stack) {
+        let stack = match self.from.deferred.index(Deferral::Stack, e.stack.0) {
             // a frame list of the first decoder's, read as one piece reads it
             Some(index) => {
                 let v = (self.memo)(index).unwrap_or(Value::None);
