@@ -101,10 +101,15 @@ struct Loaded {
 fn load_one(
     index: usize,
     path: &Path,
+    threads: usize,
     options: &analysis::Options,
     chart_options: Option<&chart::Options>,
 ) -> Result<Loaded, memsnap::Error> {
-    let snap = memsnap::snapshot::load(path, &super::load_options())?;
+    let load_options = memsnap::snapshot::LoadOptions {
+        threads,
+        ..super::load_options()
+    };
+    let snap = memsnap::snapshot::load(path, &load_options)?;
     let file = path.display().to_string();
     let rank = compare::rank_from_name(&file);
     let mut profiles = Vec::new();
@@ -142,11 +147,13 @@ fn load_all(
     tally: &mut Tally,
 ) -> (Vec<Loaded>, Vec<(usize, String, String)>) {
     let progress = ui::FilesProgress::new(files.len() as u64);
+    // the files are read side by side: each may decode on its share of the cores
+    let threads = (rayon::current_num_threads() / files.len().max(1)).max(1);
     let results: Vec<Result<Loaded, (usize, memsnap::Error)>> = files
         .par_iter()
         .enumerate()
         .map(|(i, f)| {
-            let r = load_one(i, f, options, chart_options).map_err(|e| (i, e));
+            let r = load_one(i, f, threads, options, chart_options).map_err(|e| (i, e));
             progress.done_one();
             r
         })

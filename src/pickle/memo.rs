@@ -27,6 +27,10 @@ pub(crate) struct Memo {
     dense: Vec<u64>,
     sparse: FxHashMap<u64, u64>,
     other: Vec<Value>,
+    /// Counts the times an entry that was neither a stand-in nor a container was overwritten
+    /// or removed: a scalar, string or handle fetched while this is unchanged still reads the
+    /// same.
+    overwrites: u64,
 }
 
 impl Memo {
@@ -78,6 +82,12 @@ impl Memo {
     /// Keeps only the first `count` of this part's own entries.
     pub(crate) fn truncate_own(&mut self, count: usize) {
         self.dense.truncate(self.offset as usize + count);
+        self.overwrites += 1;
+    }
+
+    /// See [`Memo::overwrites`](Memo): unchanged, every entry read before reads the same.
+    pub(crate) fn overwrites(&self) -> u64 {
+        self.overwrites
     }
 
     /// Appends entries after the last one (what another part of a split decode stored).
@@ -106,6 +116,7 @@ impl Memo {
         }
     }
 
+    #[inline(always)]
     fn unpack(&self, p: u64) -> Value {
         let payload = p & ((1 << TAG_SHIFT) - 1);
         match p >> TAG_SHIFT {
@@ -126,11 +137,19 @@ impl Memo {
     pub(crate) fn put(&mut self, index: u64, v: Value) {
         let p = self.pack(v);
         if index < self.dense.len() as u64 {
-            self.dense[index as usize] = p;
+            let old = std::mem::replace(&mut self.dense[index as usize], p);
+            // a stand-in imported, or a container replaced by what it was compacted into:
+            // neither was fetched by the readers that watch `overwrites`
+            if !matches!(
+                self.unpack(old),
+                Value::Handle(u8::MAX, _) | Value::List(_) | Value::Tuple(_) | Value::Dict(_)
+            ) {
+                self.overwrites += 1;
+            }
         } else if index == self.dense.len() as u64 && self.sparse.is_empty() {
             self.dense.push(p);
-        } else {
-            self.sparse.insert(index, p);
+        } else if self.sparse.insert(index, p).is_some() {
+            self.overwrites += 1;
         }
     }
 

@@ -27,6 +27,9 @@ pub(crate) struct Reader<R> {
     end: usize,
     base: u64,
     eof: bool,
+    /// A read error met while reading ahead ([`Reader::prefetch`]), returned by the next read
+    /// that needs more bytes.
+    deferred_error: Option<io::Error>,
     scratch: Vec<u8>,
 }
 
@@ -39,6 +42,7 @@ impl<R: Read> Reader<R> {
             end: 0,
             base: 0,
             eof: false,
+            deferred_error: None,
             scratch: Vec::new(),
         }
     }
@@ -58,6 +62,9 @@ impl<R: Read> Reader<R> {
     }
 
     fn refill(&mut self) -> Result<(), ReadError> {
+        if let Some(e) = self.deferred_error.take() {
+            return Err(ReadError::Io(e));
+        }
         if self.pos > 0 {
             self.buf.copy_within(self.pos..self.end, 0);
             self.base += self.pos as u64;
@@ -88,6 +95,22 @@ impl<R: Read> Reader<R> {
             }
         }
         Ok(true)
+    }
+
+    /// Reads ahead until the window holds `n` bytes (at most the window's size) or the input
+    /// ends. A read error is not reported here but kept for the next read that needs bytes, so
+    /// it surfaces at the same place in the stream as without the read-ahead.
+    pub(crate) fn prefetch(&mut self, n: usize) {
+        let n = n.min(self.buf.len());
+        while self.end - self.pos < n && !self.eof && self.deferred_error.is_none() {
+            let before = self.end - self.pos;
+            match self.refill() {
+                Ok(()) if self.end - self.pos == before && !self.eof => return,
+                Ok(()) => {}
+                Err(ReadError::Io(e)) => self.deferred_error = Some(e),
+                Err(ReadError::Truncated { .. }) => return,
+            }
+        }
     }
 
     /// Consumes `n` bytes, however many windows they span.
@@ -233,6 +256,7 @@ impl<R: Read + io::Seek> Reader<R> {
         self.pos = 0;
         self.end = 0;
         self.eof = false;
+        self.deferred_error = None;
         Ok(())
     }
 }

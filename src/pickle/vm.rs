@@ -7,6 +7,9 @@
 
 use std::io::Read;
 
+mod flat;
+pub use flat::{FlatAdopted, FlatDict, FlatItem, FlatList};
+
 use super::error::{DecodeError, DecodeErrorKind, FieldError};
 use super::memo::Memo;
 use super::opcodes as op;
@@ -47,6 +50,23 @@ impl Default for Limits {
 pub trait Adopter {
     /// Called once before decoding starts, e.g. to intern the keys the adopter looks for.
     fn prepare(&mut self, _heap: &mut Heap, _limits: &Limits) {}
+
+    /// Whether [`Adopter::adopt_flat`] may take dicts: the decoder then reads flat dicts whole
+    /// (see `flat.rs`) and offers them to it before decoding them opcode by opcode.
+    const READS_FLAT: bool = false;
+
+    /// Takes a flat dict read whole: fills `out` with what the dict, its list and its inner
+    /// dicts become, exactly as [`Adopter::adopt`] would have made them once they were stored,
+    /// and returns `true`; or returns `false`, having changed nothing that decoding the dict
+    /// opcode by opcode would not change, and the decoder does that.
+    fn adopt_flat(
+        &mut self,
+        _heap: &mut Heap,
+        _dict: FlatDict<'_>,
+        _out: &mut FlatAdopted,
+    ) -> bool {
+        false
+    }
 
     /// Returns the value to store in place of `value`. `key` is the dict key for dict values and
     /// `None` for list, tuple and set items.
@@ -121,6 +141,10 @@ struct Vm<'a, A: Adopter> {
     /// Memory a part may hold besides its allowance: the memo's stand-ins for earlier parts'
     /// entries (8 bytes each, twice while the memo grows).
     stand_in_bytes: u64,
+    /// Buffers of the flat-dict fast path.
+    flat: flat::FlatScratch,
+    /// Frame lists the fast path has seen, by their bytes.
+    seen_lists: flat::SeenLists,
 }
 
 /// What a part of a split decode keeps besides the ordinary VM state.
@@ -477,6 +501,8 @@ impl<'a, A: Adopter> Vm<'a, A> {
             stop_at: u64::MAX,
             part: None,
             stand_in_bytes: 0,
+            flat: flat::FlatScratch::default(),
+            seen_lists: flat::SeenLists::default(),
         }
     }
 
@@ -1248,13 +1274,9 @@ impl<'a, A: Adopter> Vm<'a, A> {
             }
             op::LONG1 if w[1] <= 8 => {
                 let n = w[1] as usize;
-                let mut le = [0u8; 8];
-                le[..n].copy_from_slice(&w[2..2 + n]);
-                if n > 0 && n < 8 && w[1 + n] & 0x80 != 0 {
-                    le[n..].fill(0xff);
-                }
+                let v = small_long(&w[2..2 + n]).expect("at most 8 bytes");
                 r.advance(2 + n);
-                self.push(Value::Int(i64::from_le_bytes(le)))?;
+                self.push(Value::Int(v))?;
             }
             op::SHORT_BINUNICODE if w.len() >= 2 + w[1] as usize => {
                 let n = w[1] as usize;
@@ -1263,6 +1285,9 @@ impl<'a, A: Adopter> Vm<'a, A> {
                 self.push(Value::Str(id))?;
             }
             op::EMPTY_DICT => {
+                if self.flat_dict(r)? {
+                    return Ok(true);
+                }
                 r.advance(1);
                 let id = self.heap.empty_dict();
                 self.push(Value::Dict(id))?;
@@ -1353,6 +1378,21 @@ impl<'a, A: Adopter> Vm<'a, A> {
             }),
         }
     }
+}
+
+/// A `LONG1` argument of at most 8 bytes (little-endian two's complement) as an `i64`.
+#[inline(always)]
+fn small_long(le: &[u8]) -> Option<i64> {
+    let n = le.len();
+    if n > 8 {
+        return None;
+    }
+    let mut bytes = [0u8; 8];
+    bytes[..n].copy_from_slice(le);
+    if n > 0 && n < 8 && le[n - 1] & 0x80 != 0 {
+        bytes[n..].fill(0xff);
+    }
+    Some(i64::from_le_bytes(bytes))
 }
 
 /// A memo entry that stands in for one of another part of a split decode.

@@ -13,7 +13,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::*;
-use crate::pickle::{self, Adopter, Decoded, FieldError, Heap, Limits, Ref, Value};
+use crate::pickle::{
+    self, Adopter, Decoded, FieldError, FlatAdopted, FlatDict, FlatItem, FlatList, Heap, Limits,
+    Ref, Value,
+};
 use crate::{Error, ErrorKind};
 
 /// Handle kinds of compacted values.
@@ -28,6 +31,9 @@ pub struct LoadOptions {
     pub limits: Limits,
     /// Told `(raw bytes read so far, file size)` as the file is read, e.g. for a progress bar.
     pub on_progress: Option<Arc<dyn Fn(u64, u64) + Send + Sync>>,
+    /// Most threads decoding this file may use (0: one per core); less than a core each when
+    /// several files are read at once.
+    pub threads: usize,
 }
 
 /// The keys the builder looks for. They are interned first, in this order, into a fresh
@@ -163,9 +169,17 @@ impl EntryCompactor {
             Value::Handle(DEFERRED, index) => {
                 Some(FrameId(self.deferred.stand_in(Deferral::Frame, index)))
             }
-            Value::Dict(d) => {
+            Value::Dict(d) => self.frame_from_pairs(heap, heap.dict(d)),
+            _ => None,
+        }
+    }
+
+    /// A frame id for a frame dict's pairs (`None` without a `name`).
+    fn frame_from_pairs(&mut self, heap: &Heap, pairs: &[(Value, Value)]) -> Option<FrameId> {
+        {
+            {
                 let (mut name, mut filename, mut line) = (None, None, 0u32);
-                for &(key, val) in heap.dict(d) {
+                for &(key, val) in pairs {
                     self.tainted |= is_deferred(key) || is_deferred(val);
                     let Value::Str(key) = key else { continue };
                     #[cfg(unix)]
@@ -191,7 +205,6 @@ impl EntryCompactor {
                 };
                 Some(self.stacks.intern_frame(frame))
             }
-            _ => None,
         }
     }
 
@@ -203,29 +216,36 @@ impl EntryCompactor {
             Value::Handle(DEFERRED, index) => {
                 Some(StackId(self.deferred.stand_in(Deferral::Stack, index)))
             }
-            Value::List(l) => {
-                let mut scratch = std::mem::take(&mut self.scratch);
-                scratch.clear();
-                let mut ok = true;
-                for &item in heap.list(l) {
-                    if let Value::Handle(FRAME, id) = item {
-                        scratch.push(FrameId(id));
-                        continue;
-                    }
-                    match self.frame_of(heap, item) {
-                        Some(f) => scratch.push(f),
-                        None => {
-                            ok = false;
-                            break;
-                        }
-                    }
-                }
-                let id = ok.then(|| self.stacks.intern_stack(&scratch));
-                self.scratch = scratch;
-                id
-            }
+            Value::List(l) => self.stack_from_items(heap, heap.list(l).iter().copied()),
             _ => None,
         }
+    }
+
+    /// A stack id for the items of a frame list, or `None` if an item is not a frame.
+    fn stack_from_items(
+        &mut self,
+        heap: &Heap,
+        items: impl Iterator<Item = Value>,
+    ) -> Option<StackId> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        let mut ok = true;
+        for item in items {
+            if let Value::Handle(FRAME, id) = item {
+                scratch.push(FrameId(id));
+                continue;
+            }
+            match self.frame_of(heap, item) {
+                Some(f) => scratch.push(f),
+                None => {
+                    ok = false;
+                    break;
+                }
+            }
+        }
+        let id = ok.then(|| self.stacks.intern_stack(&scratch));
+        self.scratch = scratch;
+        id
     }
 
     fn action_of(&mut self, heap: &Heap, v: Value) -> Action {
@@ -246,6 +266,15 @@ impl EntryCompactor {
 
     /// Converts a trace entry dict into a row.
     fn event_of(&mut self, heap: &Heap, d: Ref) -> Result<TraceEvent, FieldError> {
+        self.event_from_pairs(heap, heap.dict(d))
+    }
+
+    /// Converts a trace entry's pairs into a row.
+    fn event_from_pairs(
+        &mut self,
+        heap: &Heap,
+        pairs: &[(Value, Value)],
+    ) -> Result<TraceEvent, FieldError> {
         let empty = StrId(K_EMPTY);
         let mut ev = TraceEvent {
             addr: 0,
@@ -260,12 +289,15 @@ impl EntryCompactor {
             action: Action::Unknown,
         };
         let mut block_size = None;
-        for &(key, val) in heap.dict(d) {
+        for &(key, val) in pairs {
             // deferred frame lists and texts are resolved later; nothing else can be
-            let resolvable = [K_FRAMES, K_COMPILE_CONTEXT, K_USER_METADATA]
-                .map(|k| Value::Str(StrId(k)))
-                .contains(&key);
-            self.tainted |= is_deferred(key) || (is_deferred(val) && !resolvable);
+            let resolvable = || {
+                matches!(
+                    key,
+                    Value::Str(StrId(K_FRAMES | K_COMPILE_CONTEXT | K_USER_METADATA))
+                )
+            };
+            self.tainted |= is_deferred(key) || (is_deferred(val) && !resolvable());
             let Value::Str(key) = key else { continue };
             #[cfg(unix)]
             if let Some(link) = self.link.as_mut() {
@@ -307,7 +339,92 @@ impl EntryCompactor {
     }
 }
 
+impl EntryCompactor {
+    /// Adds a row to the table; returns its handle.
+    fn push_event(&mut self, ev: TraceEvent) -> Value {
+        let handle = Value::Handle(EVENT, self.events.len() as u32);
+        if self.events.len() == self.events.capacity() {
+            // Grow by a quarter, not double: the table is the largest thing decoding keeps,
+            // and its slack counts against the memory allowance.
+            self.events.reserve_exact(self.events.len() / 4 + 4096);
+        }
+        self.events.push(ev);
+        handle
+    }
+
+    /// Whether a dict's keys make it a trace entry (an `action`), and else a frame (a `name`
+    /// and a `filename`), as [`Adopter::adopt`] tells them apart.
+    fn kind_of(&mut self, pairs: &[(Value, Value)]) -> (bool, bool) {
+        let (mut action, mut name, mut filename) = (false, false, false);
+        for &(key, _) in pairs {
+            self.tainted |= is_deferred(key);
+            if let Value::Str(s) = key {
+                action |= s.0 == K_ACTION;
+                name |= s.0 == K_NAME;
+                filename |= s.0 == K_FILENAME;
+            }
+        }
+        (action, name && filename)
+    }
+}
+
 impl Adopter for EntryCompactor {
+    const READS_FLAT: bool = true;
+
+    /// A trace entry read whole: its new frames become frame ids and its frame list a stack
+    /// id, in the order [`Adopter::adopt`] makes them when the frame list and then the entry are
+    /// stored; then the entry becomes a row. Anything else is declined.
+    fn adopt_flat(&mut self, heap: &mut Heap, dict: FlatDict<'_>, out: &mut FlatAdopted) -> bool {
+        if !self.kind_of(dict.pairs).0 {
+            return false;
+        }
+        out.inner.clear();
+        for &(start, end) in dict.inner {
+            let pairs = &dict.inner_pairs[start as usize..end as usize];
+            match self.kind_of(pairs) {
+                (false, true) => {}
+                _ => return false,
+            }
+            match self.frame_from_pairs(heap, pairs) {
+                Some(f) => out.inner.push(Value::Handle(FRAME, f.0)),
+                None => return false,
+            }
+        }
+        out.list = Value::None;
+        out.list_reusable = false;
+        if let Some((at, list)) = dict.list {
+            if dict.pairs[at].0 != Value::Str(StrId(K_FRAMES)) {
+                return false;
+            }
+            out.list = match list {
+                FlatList::Seen(stack) => stack,
+                FlatList::Items(items) => {
+                    let inner = &out.inner;
+                    let items = items.iter().map(|&item| match item {
+                        FlatItem::Value(v) => v,
+                        FlatItem::Dict(k) => inner[k as usize],
+                    });
+                    let Some(stack) = self.stack_from_items(heap, items) else {
+                        return false;
+                    };
+                    // frame ids alone (no deferred frame, no new one): the same list is the
+                    // same stack, with nothing to do
+                    out.list_reusable = items_are_frames(list);
+                    Value::Handle(STACK, stack.0)
+                }
+            };
+            dict.pairs[at].1 = out.list;
+        }
+        match self.event_from_pairs(heap, dict.pairs) {
+            Ok(ev) => {
+                out.dict = self.push_event(ev);
+                true
+            }
+            // left to the general path, which fails at this entry with its own offset
+            Err(_) => false,
+        }
+    }
+
     #[cfg(unix)]
     #[inline]
     fn memoized(&mut self, heap: &Heap, index: u64, value: Value) {
@@ -355,27 +472,13 @@ impl Adopter for EntryCompactor {
     ) -> Result<Value, FieldError> {
         match value {
             Value::Dict(d) => {
-                let (mut action, mut name, mut filename) = (false, false, false);
-                for &(key, _) in heap.dict(d) {
-                    self.tainted |= is_deferred(key);
-                    if let Value::Str(s) = key {
-                        action |= s.0 == K_ACTION;
-                        name |= s.0 == K_NAME;
-                        filename |= s.0 == K_FILENAME;
-                    }
-                }
+                let (action, frame) = self.kind_of(heap.dict(d));
                 if action {
                     let ev = self.event_of(heap, d)?;
-                    let handle = Value::Handle(EVENT, self.events.len() as u32);
-                    if self.events.len() == self.events.capacity() {
-                        // Grow by a quarter, not double: the table is the largest thing decoding
-                        // keeps, and its slack counts against the memory allowance.
-                        self.events.reserve_exact(self.events.len() / 4 + 4096);
-                    }
-                    self.events.push(ev);
+                    let handle = self.push_event(ev);
                     heap.replace_dict(d, handle);
                     Ok(handle)
-                } else if name && filename {
+                } else if frame {
                     match self.frame_of(heap, value) {
                         Some(f) => {
                             let handle = Value::Handle(FRAME, f.0);
@@ -400,6 +503,16 @@ impl Adopter for EntryCompactor {
             }
             _ => Ok(value),
         }
+    }
+}
+
+/// Whether every item of a flat list is a compacted frame.
+fn items_are_frames(list: FlatList<'_>) -> bool {
+    match list {
+        FlatList::Items(items) => items
+            .iter()
+            .all(|i| matches!(i, FlatItem::Value(Value::Handle(FRAME, _)))),
+        FlatList::Seen(_) => true,
     }
 }
 
@@ -952,7 +1065,7 @@ fn load_split(
     if pickle::Compression::sniff(&head) != pickle::Compression::None {
         return None;
     }
-    super::split::load(file, len, options.limits, on_read)
+    super::split::load(file, len, options.limits, options.threads, on_read)
 }
 
 #[cfg(not(unix))]

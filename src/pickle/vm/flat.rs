@@ -1,0 +1,564 @@
+//! The decoder's fast path: a flat dict (a trace entry) read whole from the window.
+//!
+//! Nearly all of a large snapshot is trace entries: small dicts of integers and memoized
+//! strings with one list of frames, which are memo fetches or, where a frame first appears,
+//! small dicts of their own. Decoded opcode by opcode, each entry costs a heap dict, a heap
+//! list and fifty stack pushes, only for the adopter to compact them into a row at once. Here
+//! the VM reads such a dict from the buffered window in one go, recognising just the opcodes
+//! Python's pickler writes for it, and hands its pairs to [`Adopter::adopt_flat`].
+//!
+//! Anything else leaves the input untouched, and the general path decodes the dict as before:
+//! another opcode, a container or a stand-in fetched from the memo, an index not stored yet, a
+//! memo stored out of order, a dict longer than [`MAX_FLAT`] bytes or reaching past the point
+//! where decoding pauses, too many values, or an adopter that declines (not a trace entry, a
+//! field that does not convert: the general path then reports it at its own offset).
+//!
+//! What the general path would leave behind, this leaves too: the same strings interned in
+//! the same order (both intern a string where they read it), the memo entries holding what
+//! compaction leaves in them, the same counts of values and opcodes, the same exports to the
+//! other parts of a split decode. The one difference is when a row is made: at the end of its
+//! dict instead of at the `APPENDS` of its batch, which changes nothing that rows are read by
+//! (trace lists name their rows). Whether a dict is read here depends only on its own bytes and
+//! the memo entries it fetches, never on where a window ends: the window is topped up first.
+//!
+//! Written by hand: it is part of the VM, and no pickle library has such a path.
+
+use super::{intern_utf8, is_container, is_stand_in, op, Adopter, DecodeError, Reader, Vm};
+use crate::pickle::value::{StrId, Value};
+use std::io::Read;
+
+/// Longest dict read here, in bytes. The window is topped up to this much before reading, so
+/// whether a dict is read fast never depends on where the window happens to end.
+pub(super) const MAX_FLAT: usize = 64 << 10;
+
+/// One item of the list in a [`FlatDict`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum FlatItem {
+    /// A value fetched from the memo.
+    Value(Value),
+    /// The dict `k` of [`FlatDict::inner`] (a frame met for the first time, or fetched again
+    /// within the same list).
+    Dict(u32),
+}
+
+/// The list of a [`FlatDict`].
+#[derive(Clone, Copy, Debug)]
+pub enum FlatList<'a> {
+    /// Its items.
+    Items(&'a [FlatItem]),
+    /// The same memo fetches, byte for byte, as a list the adopter replaced by this value
+    /// before and called reusable ([`FlatAdopted::list_reusable`]); no memo entry has changed
+    /// since, so its items are the same.
+    Seen(Value),
+}
+
+/// A dict read whole by the fast path: what the general path would have stored into it, with
+/// no heap container made.
+pub struct FlatDict<'a> {
+    /// Its key/value pairs, in order. The value of the pair that holds the list is
+    /// [`Value::None`] until the adopter puts the list's replacement there.
+    pub pairs: &'a mut [(Value, Value)],
+    /// The one list among its values, if any: the index of its pair, and the list.
+    pub list: Option<(usize, FlatList<'a>)>,
+    /// The dicts among the list's items: each a range of [`FlatDict::inner_pairs`].
+    pub inner: &'a [(u32, u32)],
+    /// The pairs of the inner dicts, one after the other.
+    pub inner_pairs: &'a [(Value, Value)],
+}
+
+/// What the adopter made of a [`FlatDict`]: replacements for the dict, its list and its inner
+/// dicts (in order), as compaction leaves them in the memo.
+pub struct FlatAdopted {
+    /// The dict's replacement.
+    pub dict: Value,
+    /// The list's replacement ([`Value::None`] when there is no list).
+    pub list: Value,
+    /// The list's replacement depends on its items alone and had no effect the first time
+    /// that a second time would lack: the same fetches may be given as [`FlatList::Seen`].
+    pub list_reusable: bool,
+    /// One replacement per inner dict.
+    pub inner: Vec<Value>,
+}
+
+impl Default for FlatAdopted {
+    fn default() -> Self {
+        FlatAdopted {
+            dict: Value::None,
+            list: Value::None,
+            list_reusable: false,
+            inner: Vec::new(),
+        }
+    }
+}
+
+/// Lists of memo fetches already adopted, by their bytes, while no memo entry they may fetch
+/// has changed ([`super::Memo::overwrites`]). A snapshot repeats a few thousand frame lists
+/// in hundreds of thousands of entries.
+#[derive(Default)]
+pub(super) struct SeenLists {
+    by_bytes: rustc_hash::FxHashMap<Box<[u8]>, Value>,
+    bytes: usize,
+    overwrites: u64,
+}
+
+/// What [`SeenLists`] may hold, in bytes of fetches (beyond this it starts again).
+const SEEN_BYTES: usize = 8 << 20;
+
+impl SeenLists {
+    fn get(&mut self, fetches: &[u8], overwrites: u64) -> Option<Value> {
+        if overwrites != self.overwrites {
+            self.by_bytes.clear();
+            self.bytes = 0;
+            self.overwrites = overwrites;
+            return None;
+        }
+        self.by_bytes.get(fetches).copied()
+    }
+
+    fn insert(&mut self, fetches: &[u8], v: Value, overwrites: u64) {
+        if overwrites != self.overwrites || self.bytes + fetches.len() > SEEN_BYTES {
+            self.by_bytes.clear();
+            self.bytes = 0;
+            self.overwrites = overwrites;
+        }
+        self.bytes += fetches.len();
+        self.by_bytes.insert(fetches.into(), v);
+    }
+}
+
+/// A memo entry stored while the dict is read, before it is known what it becomes.
+#[derive(Clone, Copy)]
+enum Pending {
+    Outer,
+    List,
+    Inner(u32),
+    Str(StrId),
+}
+
+/// Buffers kept from one dict to the next.
+#[derive(Default)]
+pub(super) struct FlatScratch {
+    pairs: Vec<(Value, Value)>,
+    /// The pair that holds the list.
+    list_at: Option<usize>,
+    /// The list is a run of fetches seen before: what it was replaced by.
+    seen: Option<Value>,
+    /// Where in the window the list's run of fetches lies, when it is one.
+    run: Option<(usize, usize)>,
+    items: Vec<FlatItem>,
+    inner: Vec<(u32, u32)>,
+    inner_pairs: Vec<(Value, Value)>,
+    pending: Vec<Pending>,
+    adopted: FlatAdopted,
+}
+
+impl FlatScratch {
+    fn clear(&mut self) {
+        self.pairs.clear();
+        self.list_at = None;
+        self.seen = None;
+        self.run = None;
+        self.items.clear();
+        self.inner.clear();
+        self.inner_pairs.clear();
+        self.pending.clear();
+    }
+}
+
+/// Where the reading stands in the window, and what it has counted.
+struct Cursor<'w> {
+    w: &'w [u8],
+    pos: usize,
+    /// Opcodes read (as the general path counts them between looks at memory).
+    ops: u32,
+    /// Values pushed (as the general path counts them against the value budget).
+    values: u64,
+}
+
+impl Cursor<'_> {
+    /// The next opcode, past any `FRAME`s (which the general path also just skips).
+    #[inline(always)]
+    fn peek(&mut self) -> Option<u8> {
+        loop {
+            let b = *self.w.get(self.pos)?;
+            if b != op::FRAME {
+                return Some(b);
+            }
+            if self.pos + 9 > self.w.len() {
+                return None;
+            }
+            self.pos += 9;
+            self.ops += 1;
+        }
+    }
+
+    /// Consumes an opcode of `len` bytes.
+    #[inline(always)]
+    fn step(&mut self, len: usize) {
+        self.pos += len;
+        self.ops += 1;
+    }
+
+    #[inline(always)]
+    fn arg<const N: usize>(&self) -> Option<[u8; N]> {
+        self.w
+            .get(self.pos + 1..self.pos + 1 + N)
+            .map(|s| s.try_into().expect("length checked"))
+    }
+}
+
+/// The run of `BINGET`/`LONG_BINGET`s from `pos` when `APPENDS` ends it: where the
+/// `APPENDS` stands, and how many fetches there are.
+#[inline]
+fn fetch_run(w: &[u8], mut pos: usize) -> Option<(usize, u32)> {
+    let mut n = 0;
+    loop {
+        match *w.get(pos)? {
+            op::BINGET => pos += 2,
+            op::LONG_BINGET => pos += 5,
+            op::APPENDS => return Some((pos, n)),
+            _ => return None,
+        }
+        n += 1;
+    }
+}
+
+/// A memo fetch's result, as the fast path can use it.
+enum Fetched {
+    Value(Value),
+    Inner(u32),
+}
+
+impl<A: Adopter> Vm<'_, A> {
+    /// Reads the dict that starts the window whole, if it is a flat dict the adopter takes.
+    /// Returns `false` (consuming nothing, changing nothing the general path would not) when
+    /// the general path must decode it.
+    pub(super) fn flat_dict<R: Read>(&mut self, r: &mut Reader<R>) -> Result<bool, DecodeError> {
+        if !A::READS_FLAT || self.memo.has_sparse() {
+            return Ok(false);
+        }
+        if r.window().len() < MAX_FLAT {
+            r.prefetch(MAX_FLAT);
+        }
+        let w = r.window();
+        let w = &w[..w.len().min(MAX_FLAT)];
+        let mut s = std::mem::take(&mut self.flat);
+        s.clear();
+        let mut c = Cursor {
+            w,
+            pos: 0,
+            ops: 0,
+            values: 0,
+        };
+        let read = self.read_outer(&mut c, &mut s).is_some()
+            && self.offset.saturating_add(c.pos as u64) <= self.stop_at
+            && self.values.saturating_add(c.values) <= self.limits.max_values;
+        let (consumed, ops, values) = (c.pos, c.ops, c.values);
+        let taken = read && self.adopt_read(&mut s);
+        if taken {
+            if let (Some((from, to)), true) = (s.run, s.adopted.list_reusable) {
+                self.seen_lists
+                    .insert(&w[from..to], s.adopted.list, self.memo.overwrites());
+            }
+            r.advance(consumed);
+            self.commit(&mut s, ops, values);
+        }
+        self.flat = s;
+        Ok(taken)
+    }
+
+    /// Hands what was read to the adopter.
+    fn adopt_read(&mut self, s: &mut FlatScratch) -> bool {
+        let dict = FlatDict {
+            pairs: &mut s.pairs,
+            list: s.list_at.map(|i| match s.seen {
+                Some(v) => (i, FlatList::Seen(v)),
+                None => (i, FlatList::Items(&s.items)),
+            }),
+            inner: &s.inner,
+            inner_pairs: &s.inner_pairs,
+        };
+        self.adopter
+            .adopt_flat(&mut self.heap, dict, &mut s.adopted)
+    }
+
+    /// Stores the memo entries read, in order, with what the adopter made of them, and pushes
+    /// the dict's replacement.
+    fn commit(&mut self, s: &mut FlatScratch, ops: u32, values: u64) {
+        let base = self.memo.len() as u64;
+        for (k, &p) in s.pending.iter().enumerate() {
+            let v = match p {
+                Pending::Outer => s.adopted.dict,
+                Pending::List => s.adopted.list,
+                Pending::Inner(i) => s.adopted.inner[i as usize],
+                Pending::Str(id) => Value::Str(id),
+            };
+            self.memo_put(base + k as u64, v);
+        }
+        self.values += values;
+        self.since_check += ops.saturating_sub(1);
+        self.stack.push(s.adopted.dict);
+    }
+
+    /// `EMPTY_DICT`, a memo entry, and its pairs: `MARK` pairs `SETITEMS`, or one pair and
+    /// `SETITEM`.
+    fn read_outer(&mut self, c: &mut Cursor, s: &mut FlatScratch) -> Option<()> {
+        if c.peek()? != op::EMPTY_DICT {
+            return None;
+        }
+        c.step(1);
+        c.values += 1;
+        self.memo_op(c, s, Pending::Outer)?;
+        let batch = c.peek()? == op::MARK;
+        if batch {
+            c.step(1);
+        }
+        loop {
+            match c.peek()? {
+                op::SETITEMS if batch => {
+                    c.step(1);
+                    return Some(());
+                }
+                _ => {
+                    let key = self.key(c, s)?;
+                    let value = self.outer_value(c, s)?;
+                    s.pairs.push((key, value));
+                    if !batch {
+                        return (c.peek()? == op::SETITEM).then(|| c.step(1));
+                    }
+                }
+            }
+        }
+    }
+
+    /// An inner dict (a frame), its memo entry and its pairs of scalars and strings.
+    fn read_inner(&mut self, c: &mut Cursor, s: &mut FlatScratch) -> Option<u32> {
+        c.step(1);
+        c.values += 1;
+        let k = s.inner.len() as u32;
+        self.memo_op(c, s, Pending::Inner(k))?;
+        let start = s.inner_pairs.len() as u32;
+        let batch = c.peek()? == op::MARK;
+        if batch {
+            c.step(1);
+        }
+        loop {
+            match c.peek()? {
+                op::SETITEMS if batch => {
+                    c.step(1);
+                    break;
+                }
+                _ => {
+                    let key = self.key(c, s)?;
+                    let value = match self.scalar(c, s)? {
+                        Fetched::Value(v) => v,
+                        Fetched::Inner(_) => return None,
+                    };
+                    s.inner_pairs.push((key, value));
+                    if !batch {
+                        if c.peek()? != op::SETITEM {
+                            return None;
+                        }
+                        c.step(1);
+                        break;
+                    }
+                }
+            }
+        }
+        s.inner.push((start, s.inner_pairs.len() as u32));
+        Some(k)
+    }
+
+    /// `EMPTY_LIST`, a memo entry, and its items: `MARK` items `APPENDS`, one item and
+    /// `APPEND`, or none.
+    fn read_list(&mut self, c: &mut Cursor, s: &mut FlatScratch) -> Option<()> {
+        c.step(1);
+        c.values += 1;
+        self.memo_op(c, s, Pending::List)?;
+        if c.peek()? == op::MARK {
+            c.step(1);
+            if let Some((end, n)) = fetch_run(c.w, c.pos) {
+                let overwrites = self.memo.overwrites();
+                if let Some(v) = self.seen_lists.get(&c.w[c.pos..end], overwrites) {
+                    // the fetches and the APPENDS, as the loop below would count them
+                    (c.pos, c.ops, c.values) = (end + 1, c.ops + n + 1, c.values + n as u64);
+                    s.seen = Some(v);
+                    return Some(());
+                }
+                s.run = Some((c.pos, end));
+            }
+            loop {
+                if c.peek()? == op::APPENDS {
+                    c.step(1);
+                    return Some(());
+                }
+                self.item(c, s)?;
+            }
+        }
+        // one item then APPEND; anything else means the list is empty and the dict goes on
+        let (pos, ops, values) = (c.pos, c.ops, c.values);
+        let marks = (
+            s.items.len(),
+            s.pending.len(),
+            s.inner.len(),
+            s.inner_pairs.len(),
+        );
+        if self.item(c, s).is_some() && c.peek() == Some(op::APPEND) {
+            c.step(1);
+            return Some(());
+        }
+        (c.pos, c.ops, c.values) = (pos, ops, values);
+        s.items.truncate(marks.0);
+        s.pending.truncate(marks.1);
+        s.inner.truncate(marks.2);
+        s.inner_pairs.truncate(marks.3);
+        Some(())
+    }
+
+    /// A list item: a memo fetch or an inner dict.
+    fn item(&mut self, c: &mut Cursor, s: &mut FlatScratch) -> Option<()> {
+        let item = match c.peek()? {
+            op::EMPTY_DICT => FlatItem::Dict(self.read_inner(c, s)?),
+            op::BINGET | op::LONG_BINGET => match self.fetch(c, s)? {
+                Fetched::Value(v) => FlatItem::Value(v),
+                Fetched::Inner(k) => FlatItem::Dict(k),
+            },
+            _ => return None,
+        };
+        s.items.push(item);
+        Some(())
+    }
+
+    /// A key: a string, fetched or read (and memoized).
+    fn key(&mut self, c: &mut Cursor, s: &mut FlatScratch) -> Option<Value> {
+        match self.scalar(c, s)? {
+            Fetched::Value(v @ Value::Str(_)) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// A value of the outer dict: a scalar, a string, or the one list.
+    fn outer_value(&mut self, c: &mut Cursor, s: &mut FlatScratch) -> Option<Value> {
+        if c.peek()? == op::EMPTY_LIST {
+            if s.list_at.is_some() {
+                return None;
+            }
+            self.read_list(c, s)?;
+            s.list_at = Some(s.pairs.len());
+            return Some(Value::None);
+        }
+        match self.scalar(c, s)? {
+            Fetched::Value(v) => Some(v),
+            Fetched::Inner(_) => None,
+        }
+    }
+
+    /// An integer, `None`, a bool, a float, a string (with its memo entry) or a memo fetch.
+    #[inline(always)]
+    fn scalar(&mut self, c: &mut Cursor, s: &mut FlatScratch) -> Option<Fetched> {
+        let code = c.peek()?;
+        let v = match code {
+            op::BINGET | op::LONG_BINGET => return self.fetch(c, s),
+            op::BININT1 => {
+                let [b] = c.arg::<1>()?;
+                c.step(2);
+                Value::Int(b as i64)
+            }
+            op::BININT2 => {
+                let b = c.arg::<2>()?;
+                c.step(3);
+                Value::Int(u16::from_le_bytes(b) as i64)
+            }
+            op::BININT => {
+                let b = c.arg::<4>()?;
+                c.step(5);
+                Value::Int(i32::from_le_bytes(b) as i64)
+            }
+            op::LONG1 => {
+                let [n] = c.arg::<1>()?;
+                let bytes = c.w.get(c.pos + 2..c.pos + 2 + n as usize)?;
+                let v = super::small_long(bytes)?;
+                c.step(2 + n as usize);
+                Value::Int(v)
+            }
+            op::NONE => {
+                c.step(1);
+                Value::None
+            }
+            op::NEWTRUE | op::NEWFALSE => {
+                c.step(1);
+                Value::Bool(code == op::NEWTRUE)
+            }
+            op::BINFLOAT => {
+                let b = c.arg::<8>()?;
+                c.step(9);
+                Value::Float(f64::from_be_bytes(b))
+            }
+            op::SHORT_BINUNICODE | op::BINUNICODE => {
+                let (head, n) = if code == op::SHORT_BINUNICODE {
+                    (2, c.arg::<1>()?[0] as usize)
+                } else {
+                    (5, u32::from_le_bytes(c.arg::<4>()?) as usize)
+                };
+                if n > self.limits.max_string_bytes {
+                    return None;
+                }
+                let bytes = c.w.get(c.pos + head..c.pos + head + n)?;
+                let id = intern_utf8(&mut self.heap, bytes);
+                c.step(head + n);
+                c.values += 1;
+                self.memo_op(c, s, Pending::Str(id))?;
+                return Some(Fetched::Value(Value::Str(id)));
+            }
+            _ => return None,
+        };
+        c.values += 1;
+        Some(Fetched::Value(v))
+    }
+
+    /// `BINGET` or `LONG_BINGET` of an entry stored before this dict (not a container, not a
+    /// stand-in for another part's entry), or of a string or inner dict stored within it.
+    #[inline(always)]
+    fn fetch(&self, c: &mut Cursor, s: &FlatScratch) -> Option<Fetched> {
+        let (index, len) = if c.peek()? == op::BINGET {
+            (c.arg::<1>()?[0] as u64, 2)
+        } else {
+            (u32::from_le_bytes(c.arg::<4>()?) as u64, 5)
+        };
+        let stored = self.memo.len() as u64;
+        let fetched = if index >= stored {
+            match s.pending.get((index - stored) as usize)? {
+                Pending::Str(id) => Fetched::Value(Value::Str(*id)),
+                Pending::Inner(k) => Fetched::Inner(*k),
+                Pending::Outer | Pending::List => return None,
+            }
+        } else {
+            match self.memo.get(index)? {
+                v if is_stand_in(v) || is_container(v) => return None,
+                v => Fetched::Value(v),
+            }
+        };
+        c.step(len);
+        c.values += 1;
+        Some(fetched)
+    }
+
+    /// An optional memo entry for what was just read: `MEMOIZE`, or (outside a part of a split
+    /// decode) `BINPUT`/`LONG_BINPUT` of the next index. `None` for a `PUT` elsewhere.
+    #[inline(always)]
+    fn memo_op(&self, c: &mut Cursor, s: &mut FlatScratch, what: Pending) -> Option<()> {
+        let next = self.memo.len() as u64 + s.pending.len() as u64;
+        let (index, len) = match c.peek()? {
+            op::MEMOIZE => (next, 1),
+            op::BINPUT if self.part.is_none() => (c.arg::<1>()?[0] as u64, 2),
+            op::LONG_BINPUT if self.part.is_none() => (u32::from_le_bytes(c.arg::<4>()?) as u64, 5),
+            _ => return Some(()),
+        };
+        if index != next {
+            return None;
+        }
+        c.step(len);
+        s.pending.push(what);
+        Some(())
+    }
+}
