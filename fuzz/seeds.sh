@@ -5,7 +5,8 @@
 # - the values pickles of testdata/pickle (protocols 0 to 5);
 # - small hostile constructions (memo, container, MARK and FRAME floods, huge length prefixes,
 #   shared segments and trace lists, sizes near 2^64);
-# - allocator settings strings and a rules file for the `settings` target.
+# - allocator settings strings and a rules file for the `settings` target;
+# - for `flat`, the `decode` and `split` seeds together.
 # Usage: fuzz/seeds.sh [path to a memsnap binary]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,4 +63,7 @@ printf 'max_split_size_mb:256,roundup_power2_divisions:[256:1,512:2,1024:4,>:8]'
 printf 'garbage_collection_threshold:0.6,max_split_size_mb:64' > "$out/settings/gc"
 printf '9.04GiB' > "$out/settings/size"
 cp examples/rules.toml "$out/settings/rules.toml"
-echo "seeds: $(ls "$out/decode" | wc -l) pickles, $(ls "$out/settings" | wc -l) texts"
+# trace entries read whole against opcode by opcode: the decode and split seeds together
+mkdir -p "$out/flat"
+cp "$out/decode"/* "$out/split"/* "$out/flat/"
+echo "seeds: $(ls "$out/decode" | wc -l) pickles, $(ls "$out/settings" | wc -l) texts

@@ -10,6 +10,9 @@
 //! What this stage owns:
 //! - reading plain, gzip, xz or zstd input in bounded windows ([`source`]);
 //! - protocols 0 to 5 and every opcode a data-only pickle uses, `FRAME`, memo ops of all widths;
+//! - a fast path for the flat dicts that make up nearly all of a snapshot (trace entries): read
+//!   whole from the window and offered to the adopter ([`Adopter::adopt_flat`]), with the same
+//!   result as decoding them opcode by opcode;
 //! - decoding one stretch of a pickle on its own ([`decode_part`]), and pausing a decode to take
 //!   such a stretch in ([`Resumable`]), with [`scan`] to number the memo entries before it: the
 //!   snapshot stage splits large files across threads with them;

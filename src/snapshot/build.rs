@@ -77,7 +77,6 @@ pub(crate) struct EntryCompactor {
     pub(crate) events: Vec<TraceEvent>,
     pub(crate) forward_frames: Vec<Vec<StrId>>,
     actions: Vec<(StrId, Action)>,
-    pub(crate) unknown_actions: u64,
     scratch: Vec<FrameId>,
     /// The tie to the other parts of a split decode, if any.
     #[cfg(unix)]
@@ -89,6 +88,8 @@ pub(crate) struct EntryCompactor {
     pub(crate) tainted: bool,
     /// Strings, frames and stacks there were at the last clean point of a part.
     pub(crate) at_clean: (usize, usize, usize),
+    /// Trace entries taken whole from the decoder's fast path ([`Adopter::adopt_flat`]).
+    pub(crate) read_whole: u64,
 }
 
 /// The handle kind of a value deferred by a split decode ([`super::split`]).
@@ -143,13 +144,13 @@ impl EntryCompactor {
             events: Vec::new(),
             forward_frames: Vec::new(),
             actions: Vec::new(),
-            unknown_actions: 0,
             scratch: Vec::new(),
             #[cfg(unix)]
             link: None,
             deferred: Deferred::default(),
             tainted: false,
             at_clean: (0, 0, 0),
+            read_whole: 0,
         }
     }
 
@@ -329,9 +330,6 @@ impl EntryCompactor {
                 _ => {}
             }
         }
-        if ev.action == Action::Unknown {
-            self.unknown_actions += 1;
-        }
         if let Some(block) = block_size {
             ev.block_surplus = u32::try_from(block.saturating_sub(ev.size)).unwrap_or(u32::MAX);
         }
@@ -418,6 +416,7 @@ impl Adopter for EntryCompactor {
         match self.event_from_pairs(heap, dict.pairs) {
             Ok(ev) => {
                 out.dict = self.push_event(ev);
+                self.read_whole += 1;
                 true
             }
             // left to the general path, which fails at this entry with its own offset
@@ -937,6 +936,74 @@ fn take_traces(
     }
 }
 
+/// The whole decoded snapshot as text, ids included: two decodings that must agree (in parts
+/// and in one piece, entries read whole or opcode by opcode) agree on this.
+pub(crate) fn everything(snap: &Snapshot) -> String {
+    format!(
+        "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+        snap.segments,
+        snap.traces,
+        snap.annotations,
+        snap.settings,
+        snap.strings,
+        snap.stacks,
+        snap.forward_frames,
+        snap.source.unknown_actions
+    )
+}
+
+/// The compactor with the decoder's fast path off: every dict decoded opcode by opcode.
+struct OpcodeByOpcode(EntryCompactor);
+
+impl Adopter for OpcodeByOpcode {
+    fn prepare(&mut self, heap: &mut Heap, limits: &Limits) {
+        self.0.prepare(heap, limits);
+    }
+
+    fn adopt(
+        &mut self,
+        heap: &mut Heap,
+        key: Option<Value>,
+        value: Value,
+    ) -> Result<Value, FieldError> {
+        self.0.adopt(heap, key, value)
+    }
+}
+
+/// Decodes a plain pickle with trace entries read whole and opcode by opcode, and says where
+/// the two differ: the snapshot, or the error, must be the same. `Ok` tells how many entries
+/// were read whole. For tests and fuzzing.
+#[doc(hidden)]
+pub fn flat_agrees(pickle_bytes: &[u8]) -> Result<u64, String> {
+    let limits = Limits {
+        max_string_bytes: 1 << 20,
+        ..Limits::default()
+    };
+    let mut fast = EntryCompactor::new();
+    let fast = match pickle::decode_with(pickle_bytes, limits, &mut fast) {
+        Ok(decoded) => {
+            let read_whole = fast.read_whole;
+            assemble(decoded, fast).map(|snap| (snap, read_whole))
+        }
+        Err(e) => Err(ErrorKind::Decode(e)),
+    };
+    let mut slow = OpcodeByOpcode(EntryCompactor::new());
+    let slow = match pickle::decode_with(pickle_bytes, limits, &mut slow) {
+        Ok(decoded) => assemble(decoded, slow.0),
+        Err(e) => Err(ErrorKind::Decode(e)),
+    };
+    match (fast, slow) {
+        (Ok((a, n)), Ok(b)) if everything(&a) == everything(&b) => Ok(n),
+        (Err(a), Err(b)) if a.to_string() == b.to_string() => Ok(0),
+        (Ok(_), Ok(_)) => Err("entries read whole give another snapshot".into()),
+        (a, b) => Err(format!(
+            "read whole: {}; opcode by opcode: {}",
+            a.map_or_else(|e| e.to_string(), |_| "a snapshot".into()),
+            b.map_or_else(|e| e.to_string(), |_| "a snapshot".into()),
+        )),
+    }
+}
+
 /// Builds a snapshot from a decoded pickle whose entries `compactor` has already compacted.
 pub(crate) fn assemble(
     mut decoded: Decoded,
@@ -1039,7 +1106,13 @@ pub(crate) fn assemble(
     snap.source.protocol = decoded.protocol;
     snap.source.pickle_bytes = decoded.bytes_read;
     snap.source.segments_only = segments_only;
-    snap.source.unknown_actions = compactor.unknown_actions;
+    // of the rows the traces list (a dict converted but never listed is not in the trace)
+    snap.source.unknown_actions = snap
+        .traces
+        .iter()
+        .flatten()
+        .filter(|e| e.action == Action::Unknown)
+        .count() as u64;
     snap.forward_frames = std::mem::take(&mut compactor.forward_frames);
     snap.stacks = std::mem::take(&mut compactor.stacks);
     snap.stacks.freeze();
@@ -1135,4 +1208,200 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<Snapshot, Error> {
         })));
     }
     Ok(snap)
+}
+
+#[cfg(test)]
+pub(crate) mod read_whole_tests {
+    use super::*;
+    use crate::pickle::opcodes as op;
+    use std::io::Read;
+
+    /// Every snapshot at hand, decompressed, by path: the project's test data, and the shared
+    /// recordings when present (required where `CI` is set).
+    pub(crate) fn every_snapshot() -> Vec<(String, Vec<u8>)> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut folders = vec![root.join("testdata/snapshots")];
+        let shared = root.join("../shared/snapshots");
+        if shared.is_dir() {
+            folders.push(shared);
+        } else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "../shared/snapshots is missing"
+            );
+            eprintln!("skipping the shared snapshots: ../shared/snapshots not found");
+        }
+        let mut found = Vec::new();
+        while let Some(folder) = folders.pop() {
+            for entry in std::fs::read_dir(&folder).unwrap().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    folders.push(path);
+                } else if path.to_string_lossy().contains(".pickle") {
+                    let file = std::fs::File::open(&path).unwrap();
+                    let (mut r, _) = pickle::source::decompressing(file).unwrap();
+                    let mut bytes = Vec::new();
+                    r.read_to_end(&mut bytes).unwrap();
+                    found.push((path.display().to_string(), bytes));
+                }
+            }
+        }
+        found.sort();
+        found
+    }
+
+    #[test]
+    fn entries_read_whole_give_what_opcode_by_opcode_gives() {
+        let mut read_whole = 0;
+        for (name, bytes) in every_snapshot() {
+            let n = flat_agrees(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+            read_whole += n;
+            // the large recordings are read (nearly) entirely on the fast path
+            let events: usize = match from_pickle(&bytes[..], Limits::default()) {
+                Ok(snap) => snap.traces.iter().map(Vec::len).sum(),
+                Err(_) => 0,
+            };
+            if events >= 10_000 {
+                assert!(
+                    n as f64 >= 0.99 * events as f64,
+                    "{name}: {n} of {events} entries read whole"
+                );
+            }
+        }
+        assert!(read_whole > 0);
+    }
+
+    /// Writes protocol-4 pickles by hand, memoizing every string and container.
+    #[derive(Default)]
+    struct Writer {
+        bytes: Vec<u8>,
+        memo: u32,
+        strings: std::collections::HashMap<String, u32>,
+    }
+
+    impl Writer {
+        fn op(&mut self, bytes: &[u8]) {
+            self.bytes.extend_from_slice(bytes);
+        }
+
+        fn memoize(&mut self) -> u32 {
+            self.op(&[op::MEMOIZE]);
+            self.memo += 1;
+            self.memo - 1
+        }
+
+        fn get(&mut self, index: u32) {
+            match u8::try_from(index) {
+                Ok(i) => self.op(&[op::BINGET, i]),
+                Err(_) => {
+                    self.op(&[op::LONG_BINGET]);
+                    self.op(&index.to_le_bytes());
+                }
+            }
+        }
+
+        /// A string: written and memoized the first time, fetched after.
+        fn str(&mut self, s: &str) {
+            if let Some(&i) = self.strings.get(s) {
+                return self.get(i);
+            }
+            self.op(&[op::SHORT_BINUNICODE, s.len() as u8]);
+            self.op(s.as_bytes());
+            let i = self.memoize();
+            self.strings.insert(s.into(), i);
+        }
+
+        fn int(&mut self, v: i32) {
+            self.op(&[op::BININT]);
+            self.op(&v.to_le_bytes());
+        }
+
+        /// A frame dict; returns its memo index.
+        fn frame(&mut self, name: &str, line: i32) -> u32 {
+            self.op(&[op::EMPTY_DICT]);
+            let i = self.memoize();
+            self.op(&[op::MARK]);
+            for (key, value) in [("name", name), ("filename", "model.py")] {
+                self.str(key);
+                self.str(value);
+            }
+            self.str("line");
+            self.int(line);
+            self.op(&[op::SETITEMS]);
+            i
+        }
+
+        /// A trace entry whose frame list is written by `frames`.
+        fn entry(&mut self, addr: i32, frames: impl FnOnce(&mut Writer)) {
+            self.op(&[op::EMPTY_DICT]);
+            self.memoize();
+            self.op(&[op::MARK]);
+            self.str("action");
+            self.str("alloc");
+            self.str("addr");
+            self.int(addr);
+            self.str("size");
+            self.int(512);
+            self.str("frames");
+            self.op(&[op::EMPTY_LIST]);
+            self.memoize();
+            self.op(&[op::MARK]);
+            frames(self);
+            self.op(&[op::APPENDS, op::SETITEMS]);
+        }
+    }
+
+    #[test]
+    fn a_frame_list_seen_before_is_read_again_once_its_memo_changed() {
+        let mut w = Writer::default();
+        w.op(&[op::PROTO, 4, op::EMPTY_DICT]);
+        w.memoize();
+        w.op(&[op::MARK]);
+        w.str("segments");
+        w.op(&[op::EMPTY_LIST]);
+        w.memoize();
+        w.str("device_traces");
+        w.op(&[op::EMPTY_LIST]);
+        w.memoize();
+        w.op(&[op::MARK, op::EMPTY_LIST]);
+        w.memoize();
+        w.op(&[op::MARK]);
+        let (mut a, mut b) = (0, 0);
+        w.entry(0x1000, |w| {
+            a = w.frame("A", 1);
+            b = w.frame("B", 2);
+        });
+        // the same fetches three times: read, then seen
+        for addr in [0x2000, 0x3000] {
+            w.entry(addr, |w| {
+                w.get(a);
+                w.get(b);
+            });
+        }
+        // frame A's memo entry now holds frame B
+        w.get(b);
+        w.op(&[op::BINPUT, a as u8, op::POP]);
+        w.entry(0x4000, |w| {
+            w.get(a);
+            w.get(b);
+        });
+        w.op(&[op::APPENDS, op::APPENDS, op::SETITEMS, op::STOP]);
+
+        assert_eq!(flat_agrees(&w.bytes), Ok(4), "every entry is read whole");
+        let snap = from_pickle(&w.bytes[..], Limits::default()).unwrap();
+        let names: Vec<Vec<&str>> = snap.traces[0]
+            .iter()
+            .map(|ev| {
+                snap.stacks
+                    .frames(ev.stack)
+                    .map(|f| snap.str(f.name))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            names,
+            [["A", "B"], ["A", "B"], ["A", "B"], ["B", "B"]],
+            "the last list fetches what the memo holds now"
+        );
+    }
 }

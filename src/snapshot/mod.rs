@@ -8,8 +8,10 @@
 //!
 //! Strings are interned ([`StrId`]), frames and stacks too ([`Stacks`]); a trace event is a
 //! 48-byte row. Building happens while the pickle is decoded (see [`from_pickle`]), so a large trace
-//! never exists as Python-like dicts. A large plain file is decoded in parts on several threads
-//! (`split`), with the same result. What the events *mean* over time is the replay stage's job.
+//! never exists as Python-like dicts: most entries reach the builder whole from the decoder's
+//! fast path and become rows without a container being made. On machines of four or more
+//! cores, a large plain file is decoded in parts on several threads (`split`), with the same
+//! result. What the events *mean* over time is the replay stage's job.
 
 mod build;
 #[cfg(unix)]
@@ -18,7 +20,7 @@ mod stacks;
 
 use std::path::Path;
 
-pub use build::{from_pickle, load, LoadOptions};
+pub use build::{flat_agrees, from_pickle, load, LoadOptions};
 #[cfg(unix)]
 pub use split::parts_agree;
 

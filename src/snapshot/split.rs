@@ -22,6 +22,10 @@
 //! itself. Any failure or doubt gives up the split, and the caller decodes the whole file in one
 //! piece: the result, and every error with its offset, is always what that would give.
 //!
+//! Only on four or more threads (`MIN_THREADS`): each later part walks the whole pickle before
+//! its cut, and since trace entries are read whole that walk costs about what decoding saves on
+//! two cores.
+//!
 //! Written by hand: no pickle library decodes in parallel, and the parts' hand-over depends on
 //! the snapshot's own structure (the compactor's rows).
 
@@ -31,7 +35,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use rustc_hash::FxHashMap;
 
-use super::build::{assemble, Deferral, EntryCompactor, DEFERRED, EVENT, FRAME, STACK};
+use super::build::{assemble, everything, Deferral, EntryCompactor, DEFERRED, EVENT, FRAME, STACK};
 use super::{Frame, FrameId, Snapshot, StackId, StrId, TraceEvent};
 use crate::pickle::scan::{self, Until};
 use crate::pickle::source::FileAt;
@@ -581,22 +585,6 @@ pub fn parts_agree(path: &std::path::Path, parts: usize) -> Result<usize, String
     }
 }
 
-/// The whole decoded snapshot as text, ids included (the parts number rows, frames, stacks
-/// and strings as one piece numbers them).
-fn everything(snap: &Snapshot) -> String {
-    format!(
-        "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
-        snap.segments,
-        snap.traces,
-        snap.annotations,
-        snap.settings,
-        snap.strings,
-        snap.stacks,
-        snap.forward_frames,
-        snap.source.unknown_actions
-    )
-}
-
 /// Takes part `k` into the first decoder when it stands where the part began, inside a batch of
 /// trace entries with nothing numbered out of order; otherwise leaves it.
 fn take_in<R: std::io::Read + std::io::Seek>(
@@ -808,9 +796,6 @@ impl<'a> Translation<'a> {
             forward_frames,
             ..e
         };
-        if row.action == super::Action::Unknown {
-            self.into.unknown_actions += 1;
-        }
         let t = self.into.events.len() as u32;
         self.into.events.push(row);
         once(&mut self.rows, r, || t);
@@ -841,37 +826,10 @@ mod tests {
     /// Every snapshot at hand as a plain pickle in `dir`: the project's test data, and the
     /// shared recordings when present (required where `CI` is set).
     fn plain_snapshots(dir: &Path) -> Vec<PathBuf> {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let mut found = Vec::new();
-        let mut folders = vec![root.join("testdata/snapshots")];
-        let shared = root.join("../shared/snapshots");
-        if shared.is_dir() {
-            folders.push(shared);
-        } else {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "../shared/snapshots is missing"
-            );
-            eprintln!("skipping the shared snapshots: ../shared/snapshots not found");
-        }
-        while let Some(folder) = folders.pop() {
-            for entry in std::fs::read_dir(&folder).unwrap().flatten() {
-                let path = entry.path();
-                if path.is_dir() {
-                    folders.push(path);
-                } else if path.to_string_lossy().contains(".pickle") {
-                    found.push(path);
-                }
-            }
-        }
-        found.sort();
-        found
-            .iter()
+        super::super::build::read_whole_tests::every_snapshot()
+            .into_iter()
             .enumerate()
-            .map(|(i, path)| {
-                let (mut r, _) = pickle::source::decompressing(File::open(path).unwrap()).unwrap();
-                let mut bytes = Vec::new();
-                r.read_to_end(&mut bytes).unwrap();
+            .map(|(i, (_, bytes))| {
                 let plain = dir.join(format!("{i}.pickle"));
                 File::create(&plain).unwrap().write_all(&bytes).unwrap();
                 plain

@@ -13,7 +13,9 @@
 //! where decoding pauses, too many values, or an adopter that declines (not a trace entry, a
 //! field that does not convert: the general path then reports it at its own offset).
 //!
-//! What the general path would leave behind, this leaves too: the same strings interned in
+//! Only a dict inside a batch of `APPENDS` to a list is read here: the general path stores it
+//! there, and its adopter sees it then. What the general path would leave behind, this leaves
+//! too: the same strings interned in
 //! the same order (both intern a string where they read it), the memo entries holding what
 //! compaction leaves in them, the same counts of values and opcodes, the same exports to the
 //! other parts of a split decode. The one difference is when a row is made: at the end of its
@@ -223,6 +225,24 @@ fn fetch_run(w: &[u8], mut pos: usize) -> Option<(usize, u32)> {
     }
 }
 
+/// The `LONG1` argument of `n` bytes at `at`, when it fits in an `i64`: read as one word
+/// where the window has eight bytes there (a copy of `n` bytes would be a call).
+#[inline(always)]
+fn long1(w: &[u8], at: usize, n: usize) -> Option<i64> {
+    if n > 8 {
+        return None;
+    }
+    match w.get(at..at + 8) {
+        Some(word) if n > 0 => {
+            let word = u64::from_le_bytes(word.try_into().expect("8 bytes"));
+            // keep the n bytes and extend their sign
+            let shift = 64 - 8 * n as u32;
+            Some(((word << shift) as i64) >> shift)
+        }
+        _ => super::small_long(w.get(at..at + n)?),
+    }
+}
+
 /// A memo fetch's result, as the fast path can use it.
 enum Fetched {
     Value(Value),
@@ -234,7 +254,7 @@ impl<A: Adopter> Vm<'_, A> {
     /// Returns `false` (consuming nothing, changing nothing the general path would not) when
     /// the general path must decode it.
     pub(super) fn flat_dict<R: Read>(&mut self, r: &mut Reader<R>) -> Result<bool, DecodeError> {
-        if !A::READS_FLAT || self.memo.has_sparse() {
+        if !A::READS_FLAT || self.memo.has_sparse() || !self.in_list_batch() {
             return Ok(false);
         }
         if r.window().len() < MAX_FLAT {
@@ -265,6 +285,17 @@ impl<A: Adopter> Vm<'_, A> {
         }
         self.flat = s;
         Ok(taken)
+    }
+
+    /// Whether a value read now goes into a batch of `APPENDS` to a list (in a part of a split
+    /// decode, also to the list below the part's stack): where trace entries are, and where the
+    /// general path stores what it reads, so that its adopter sees it too. (The root dict, for
+    /// one, is never stored: its adopter never sees it.)
+    fn in_list_batch(&self) -> bool {
+        match self.marks.last() {
+            None | Some(0) => self.part.is_some(),
+            Some(&m) => matches!(self.stack.get(m - 1), Some(Value::List(_))),
+        }
     }
 
     /// Hands what was read to the adopter.
@@ -300,8 +331,7 @@ impl<A: Adopter> Vm<'_, A> {
         self.stack.push(s.adopted.dict);
     }
 
-    /// `EMPTY_DICT`, a memo entry, and its pairs: `MARK` pairs `SETITEMS`, or one pair and
-    /// `SETITEM`.
+    /// `EMPTY_DICT`, a memo entry, and its pairs.
     fn read_outer(&mut self, c: &mut Cursor, s: &mut FlatScratch) -> Option<()> {
         if c.peek()? != op::EMPTY_DICT {
             return None;
@@ -309,64 +339,48 @@ impl<A: Adopter> Vm<'_, A> {
         c.step(1);
         c.values += 1;
         self.memo_op(c, s, Pending::Outer)?;
-        let batch = c.peek()? == op::MARK;
-        if batch {
-            c.step(1);
-        }
-        loop {
-            match c.peek()? {
-                op::SETITEMS if batch => {
-                    c.step(1);
-                    return Some(());
-                }
-                _ => {
-                    let key = self.key(c, s)?;
-                    let value = self.outer_value(c, s)?;
-                    s.pairs.push((key, value));
-                    if !batch {
-                        return (c.peek()? == op::SETITEM).then(|| c.step(1));
-                    }
-                }
-            }
-        }
+        self.read_pairs(c, s, true)
     }
 
-    /// An inner dict (a frame), its memo entry and its pairs of scalars and strings.
+    /// An inner dict (a frame): `EMPTY_DICT`, its memo entry and its pairs.
     fn read_inner(&mut self, c: &mut Cursor, s: &mut FlatScratch) -> Option<u32> {
         c.step(1);
         c.values += 1;
         let k = s.inner.len() as u32;
         self.memo_op(c, s, Pending::Inner(k))?;
         let start = s.inner_pairs.len() as u32;
+        self.read_pairs(c, s, false)?;
+        s.inner.push((start, s.inner_pairs.len() as u32));
+        Some(k)
+    }
+
+    /// A dict's pairs: `MARK` pairs `SETITEMS`, or one pair and `SETITEM`. The outer dict's
+    /// values may hold the one list; an inner dict's are scalars and strings.
+    #[inline(always)]
+    fn read_pairs(&mut self, c: &mut Cursor, s: &mut FlatScratch, outer: bool) -> Option<()> {
         let batch = c.peek()? == op::MARK;
         if batch {
             c.step(1);
         }
         loop {
-            match c.peek()? {
-                op::SETITEMS if batch => {
-                    c.step(1);
-                    break;
-                }
-                _ => {
-                    let key = self.key(c, s)?;
-                    let value = match self.scalar(c, s)? {
-                        Fetched::Value(v) => v,
-                        Fetched::Inner(_) => return None,
-                    };
-                    s.inner_pairs.push((key, value));
-                    if !batch {
-                        if c.peek()? != op::SETITEM {
-                            return None;
-                        }
-                        c.step(1);
-                        break;
-                    }
-                }
+            if batch && c.peek()? == op::SETITEMS {
+                c.step(1);
+                return Some(());
+            }
+            let key = self.key(c, s)?;
+            if outer {
+                let value = self.outer_value(c, s)?;
+                s.pairs.push((key, value));
+            } else {
+                let Fetched::Value(value) = self.scalar(c, s)? else {
+                    return None;
+                };
+                s.inner_pairs.push((key, value));
+            }
+            if !batch {
+                return (c.peek()? == op::SETITEM).then(|| c.step(1));
             }
         }
-        s.inner.push((start, s.inner_pairs.len() as u32));
-        Some(k)
     }
 
     /// `EMPTY_LIST`, a memo entry, and its items: `MARK` items `APPENDS`, one item and
@@ -430,6 +444,7 @@ impl<A: Adopter> Vm<'_, A> {
     }
 
     /// A key: a string, fetched or read (and memoized).
+    #[inline(always)]
     fn key(&mut self, c: &mut Cursor, s: &mut FlatScratch) -> Option<Value> {
         match self.scalar(c, s)? {
             Fetched::Value(v @ Value::Str(_)) => Some(v),
@@ -438,6 +453,7 @@ impl<A: Adopter> Vm<'_, A> {
     }
 
     /// A value of the outer dict: a scalar, a string, or the one list.
+    #[inline(always)]
     fn outer_value(&mut self, c: &mut Cursor, s: &mut FlatScratch) -> Option<Value> {
         if c.peek()? == op::EMPTY_LIST {
             if s.list_at.is_some() {
@@ -476,8 +492,7 @@ impl<A: Adopter> Vm<'_, A> {
             }
             op::LONG1 => {
                 let [n] = c.arg::<1>()?;
-                let bytes = c.w.get(c.pos + 2..c.pos + 2 + n as usize)?;
-                let v = super::small_long(bytes)?;
+                let v = long1(c.w, c.pos + 2, n as usize)?;
                 c.step(2 + n as usize);
                 Value::Int(v)
             }
