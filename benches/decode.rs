@@ -15,9 +15,9 @@
 //!
 //! with ratios, and peak memory (maximum resident set size) against the pickle's size. For the
 //! second file also `memsnap compare` of two such ranks (each decoded on one thread, side by
-//! side; on four or more cores `report` decodes the second file in parts). Then it times the allocator simulation
-//! on pp2-large's trace, once and twice in a row, under the recorded settings and with
-//! expandable segments. Pass another snapshot path as the first argument to use it instead of
+//! side; on four or more cores `report` decodes the second file in parts). Then it times the
+//! allocator simulation on pp2-large's trace, once and twice in a row, under the recorded
+//! settings and with expandable segments. Pass another snapshot path as the first argument to use it instead of
 //! pp2-large.
 
 use std::io::Read;

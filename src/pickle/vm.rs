@@ -1274,7 +1274,7 @@ impl<'a, A: Adopter> Vm<'a, A> {
             }
             op::LONG1 if w[1] <= 8 => {
                 let n = w[1] as usize;
-                let v = small_long(&w[2..2 + n]).expect("at most 8 bytes");
+                let v = long1(w, 2, n).expect("at most 8 bytes, in the window");
                 r.advance(2 + n);
                 self.push(Value::Int(v))?;
             }
@@ -1285,7 +1285,7 @@ impl<'a, A: Adopter> Vm<'a, A> {
                 self.push(Value::Str(id))?;
             }
             op::EMPTY_DICT => {
-                if self.flat_dict(r)? {
+                if self.flat_dict(r) {
                     return Ok(true);
                 }
                 r.advance(1);
@@ -1380,19 +1380,28 @@ impl<'a, A: Adopter> Vm<'a, A> {
     }
 }
 
-/// A `LONG1` argument of at most 8 bytes (little-endian two's complement) as an `i64`.
+/// The `LONG1` argument of `n` bytes at `at` of `w` (little-endian two's complement), when it
+/// fits in an `i64`. Read as one word where `w` has eight bytes there: a copy of `n` bytes
+/// would be a call.
 #[inline(always)]
-fn small_long(le: &[u8]) -> Option<i64> {
-    let n = le.len();
+fn long1(w: &[u8], at: usize, n: usize) -> Option<i64> {
     if n > 8 {
         return None;
     }
-    let mut bytes = [0u8; 8];
-    bytes[..n].copy_from_slice(le);
-    if n > 0 && n < 8 && le[n - 1] & 0x80 != 0 {
-        bytes[n..].fill(0xff);
+    if n == 0 {
+        return Some(0);
     }
-    Some(i64::from_le_bytes(bytes))
+    let word = match w.get(at..at + 8) {
+        Some(word) => u64::from_le_bytes(word.try_into().expect("8 bytes")),
+        None => {
+            let mut bytes = [0u8; 8];
+            bytes[..n].copy_from_slice(w.get(at..at + n)?);
+            u64::from_le_bytes(bytes)
+        }
+    };
+    // keep the n bytes and extend their sign
+    let shift = 64 - 8 * n as u32;
+    Some(((word << shift) as i64) >> shift)
 }
 
 /// A memo entry that stands in for one of another part of a split decode.

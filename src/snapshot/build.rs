@@ -177,36 +177,32 @@ impl EntryCompactor {
 
     /// A frame id for a frame dict's pairs (`None` without a `name`).
     fn frame_from_pairs(&mut self, heap: &Heap, pairs: &[(Value, Value)]) -> Option<FrameId> {
-        {
-            {
-                let (mut name, mut filename, mut line) = (None, None, 0u32);
-                for &(key, val) in pairs {
-                    self.tainted |= is_deferred(key) || is_deferred(val);
-                    let Value::Str(key) = key else { continue };
-                    #[cfg(unix)]
-                    if let Some(link) = self.link.as_mut() {
-                        link.need(heap, key);
-                    }
-                    match key.0 {
-                        K_NAME => name = str_id(val),
-                        K_FILENAME => filename = str_id(val),
-                        K_LINE => {
-                            line = heap
-                                .int(val)
-                                .and_then(|l| u32::try_from(l).ok())
-                                .unwrap_or(0)
-                        }
-                        _ => {}
-                    }
+        let (mut name, mut filename, mut line) = (None, None, 0u32);
+        for &(key, val) in pairs {
+            self.tainted |= is_deferred(key) || is_deferred(val);
+            let Value::Str(key) = key else { continue };
+            #[cfg(unix)]
+            if let Some(link) = self.link.as_mut() {
+                link.need(heap, key);
+            }
+            match key.0 {
+                K_NAME => name = str_id(val),
+                K_FILENAME => filename = str_id(val),
+                K_LINE => {
+                    line = heap
+                        .int(val)
+                        .and_then(|l| u32::try_from(l).ok())
+                        .unwrap_or(0)
                 }
-                let frame = Frame {
-                    name: name?,
-                    filename: filename.unwrap_or(StrId(K_EMPTY)),
-                    line,
-                };
-                Some(self.stacks.intern_frame(frame))
+                _ => {}
             }
         }
+        let frame = Frame {
+            name: name?,
+            filename: filename.unwrap_or(StrId(K_EMPTY)),
+            line,
+        };
+        Some(self.stacks.intern_frame(frame))
     }
 
     /// A stack id for a list of frames, or `None` if an item is not a frame.
@@ -335,9 +331,7 @@ impl EntryCompactor {
         }
         Ok(ev)
     }
-}
 
-impl EntryCompactor {
     /// Adds a row to the table; returns its handle.
     fn push_event(&mut self, ev: TraceEvent) -> Value {
         let handle = Value::Handle(EVENT, self.events.len() as u32);
@@ -398,16 +392,16 @@ impl Adopter for EntryCompactor {
                 FlatList::Seen(stack) => stack,
                 FlatList::Items(items) => {
                     let inner = &out.inner;
-                    let items = items.iter().map(|&item| match item {
+                    let values = items.iter().map(|&item| match item {
                         FlatItem::Value(v) => v,
                         FlatItem::Dict(k) => inner[k as usize],
                     });
-                    let Some(stack) = self.stack_from_items(heap, items) else {
+                    let Some(stack) = self.stack_from_items(heap, values) else {
                         return false;
                     };
                     // frame ids alone (no deferred frame, no new one): the same list is the
                     // same stack, with nothing to do
-                    out.list_reusable = items_are_frames(list);
+                    out.list_reusable = items_are_frames(items);
                     Value::Handle(STACK, stack.0)
                 }
             };
@@ -506,13 +500,10 @@ impl Adopter for EntryCompactor {
 }
 
 /// Whether every item of a flat list is a compacted frame.
-fn items_are_frames(list: FlatList<'_>) -> bool {
-    match list {
-        FlatList::Items(items) => items
-            .iter()
-            .all(|i| matches!(i, FlatItem::Value(Value::Handle(FRAME, _)))),
-        FlatList::Seen(_) => true,
-    }
+fn items_are_frames(items: &[FlatItem]) -> bool {
+    items
+        .iter()
+        .all(|i| matches!(i, FlatItem::Value(Value::Handle(FRAME, _))))
 }
 
 /// A value of another part of a split decode, resolved only when the part is taken in.
@@ -971,8 +962,8 @@ impl Adopter for OpcodeByOpcode {
 }
 
 /// Decodes a plain pickle with trace entries read whole and opcode by opcode, and says where
-/// the two differ: the snapshot must be the same, or both must fail at the same byte. `Ok` tells how many entries
-/// were read whole. For tests and fuzzing.
+/// the two differ: the snapshot must be the same, or both must fail at the same byte. `Ok`
+/// tells how many entries were read whole. For tests and fuzzing.
 #[doc(hidden)]
 pub fn flat_agrees(pickle_bytes: &[u8]) -> Result<u64, String> {
     let limits = Limits {
@@ -1219,9 +1210,10 @@ pub(crate) mod read_whole_tests {
     use crate::pickle::opcodes as op;
     use std::io::Read;
 
-    /// Every snapshot at hand, decompressed, by path: the project's test data, and the shared
-    /// recordings when present (required where `CI` is set).
-    pub(crate) fn every_snapshot() -> Vec<(String, Vec<u8>)> {
+    /// Every snapshot at hand, by path, decompressed one at a time as the iterator is
+    /// advanced: the project's test data, and the shared recordings when present (required
+    /// where `CI` is set).
+    pub(crate) fn every_snapshot() -> impl Iterator<Item = (String, Vec<u8>)> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let mut folders = vec![root.join("testdata/snapshots")];
         let shared = root.join("../shared/snapshots");
@@ -1234,23 +1226,25 @@ pub(crate) mod read_whole_tests {
             );
             eprintln!("skipping the shared snapshots: ../shared/snapshots not found");
         }
-        let mut found = Vec::new();
+        let mut paths = Vec::new();
         while let Some(folder) = folders.pop() {
             for entry in std::fs::read_dir(&folder).unwrap().flatten() {
                 let path = entry.path();
                 if path.is_dir() {
                     folders.push(path);
                 } else if path.to_string_lossy().contains(".pickle") {
-                    let file = std::fs::File::open(&path).unwrap();
-                    let (mut r, _) = pickle::source::decompressing(file).unwrap();
-                    let mut bytes = Vec::new();
-                    r.read_to_end(&mut bytes).unwrap();
-                    found.push((path.display().to_string(), bytes));
+                    paths.push(path);
                 }
             }
         }
-        found.sort();
-        found
+        paths.sort();
+        paths.into_iter().map(|path| {
+            let file = std::fs::File::open(&path).unwrap();
+            let (mut r, _) = pickle::source::decompressing(file).unwrap();
+            let mut bytes = Vec::new();
+            r.read_to_end(&mut bytes).unwrap();
+            (path.display().to_string(), bytes)
+        })
     }
 
     #[test]

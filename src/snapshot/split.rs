@@ -827,7 +827,6 @@ mod tests {
     /// shared recordings when present (required where `CI` is set).
     fn plain_snapshots(dir: &Path) -> Vec<PathBuf> {
         super::super::build::read_whole_tests::every_snapshot()
-            .into_iter()
             .enumerate()
             .map(|(i, (_, bytes))| {
                 let plain = dir.join(format!("{i}.pickle"));

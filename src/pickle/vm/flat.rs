@@ -15,17 +15,19 @@
 //!
 //! Only a dict inside a batch of `APPENDS` to a list is read here: the general path stores it
 //! there, and its adopter sees it then. What the general path would leave behind, this leaves
-//! too: the same strings interned in
-//! the same order (both intern a string where they read it), the memo entries holding what
-//! compaction leaves in them, the same counts of values and opcodes, the same exports to the
-//! other parts of a split decode. The one difference is when a row is made: at the end of its
-//! dict instead of at the `APPENDS` of its batch, which changes nothing that rows are read by
-//! (trace lists name their rows). Whether a dict is read here depends only on its own bytes and
-//! the memo entries it fetches, never on where a window ends: the window is topped up first.
+//! too: the same strings interned in the same order (both intern a string where they read it),
+//! the memo entries holding what compaction leaves in them, the same counts of values and
+//! opcodes, the same exports to the other parts of a split decode. The difference is when a
+//! row is made: at the end of its dict instead of at the `APPENDS` of its batch. Nothing that
+//! reads rows sees it (trace lists name their rows); a malformed pickle that goes on to use
+//! the entry as a container before that `APPENDS` fails at the same byte either way, but its
+//! message names the entry a compacted object instead of a dict. Whether a dict is read here
+//! depends only on its own bytes and the memo entries it fetches, never on where a window ends:
+//! the window is topped up first.
 //!
 //! Written by hand: it is part of the VM, and no pickle library has such a path.
 
-use super::{intern_utf8, is_container, is_stand_in, op, Adopter, DecodeError, Reader, Vm};
+use super::{intern_utf8, is_container, is_stand_in, long1, op, Adopter, Reader, Vm};
 use crate::pickle::value::{StrId, Value};
 use std::io::Read;
 
@@ -107,22 +109,23 @@ pub(super) struct SeenLists {
 const SEEN_BYTES: usize = 8 << 20;
 
 impl SeenLists {
-    fn get(&mut self, fetches: &[u8], overwrites: u64) -> Option<Value> {
-        if overwrites != self.overwrites {
+    /// Forgets every list if a memo entry changed since they were seen, or if `room` more bytes
+    /// would not fit.
+    fn forget_if_stale(&mut self, overwrites: u64, room: usize) {
+        if overwrites != self.overwrites || self.bytes + room > SEEN_BYTES {
             self.by_bytes.clear();
             self.bytes = 0;
             self.overwrites = overwrites;
-            return None;
         }
+    }
+
+    fn get(&mut self, fetches: &[u8], overwrites: u64) -> Option<Value> {
+        self.forget_if_stale(overwrites, 0);
         self.by_bytes.get(fetches).copied()
     }
 
     fn insert(&mut self, fetches: &[u8], v: Value, overwrites: u64) {
-        if overwrites != self.overwrites || self.bytes + fetches.len() > SEEN_BYTES {
-            self.by_bytes.clear();
-            self.bytes = 0;
-            self.overwrites = overwrites;
-        }
+        self.forget_if_stale(overwrites, fetches.len());
         self.bytes += fetches.len();
         self.by_bytes.insert(fetches.into(), v);
     }
@@ -225,24 +228,6 @@ fn fetch_run(w: &[u8], mut pos: usize) -> Option<(usize, u32)> {
     }
 }
 
-/// The `LONG1` argument of `n` bytes at `at`, when it fits in an `i64`: read as one word
-/// where the window has eight bytes there (a copy of `n` bytes would be a call).
-#[inline(always)]
-fn long1(w: &[u8], at: usize, n: usize) -> Option<i64> {
-    if n > 8 {
-        return None;
-    }
-    match w.get(at..at + 8) {
-        Some(word) if n > 0 => {
-            let word = u64::from_le_bytes(word.try_into().expect("8 bytes"));
-            // keep the n bytes and extend their sign
-            let shift = 64 - 8 * n as u32;
-            Some(((word << shift) as i64) >> shift)
-        }
-        _ => super::small_long(w.get(at..at + n)?),
-    }
-}
-
 /// A memo fetch's result, as the fast path can use it.
 enum Fetched {
     Value(Value),
@@ -253,9 +238,9 @@ impl<A: Adopter> Vm<'_, A> {
     /// Reads the dict that starts the window whole, if it is a flat dict the adopter takes.
     /// Returns `false` (consuming nothing, changing nothing the general path would not) when
     /// the general path must decode it.
-    pub(super) fn flat_dict<R: Read>(&mut self, r: &mut Reader<R>) -> Result<bool, DecodeError> {
+    pub(super) fn flat_dict<R: Read>(&mut self, r: &mut Reader<R>) -> bool {
         if !A::READS_FLAT || self.memo.has_sparse() || !self.in_list_batch() {
-            return Ok(false);
+            return false;
         }
         if r.window().len() < MAX_FLAT {
             r.prefetch(MAX_FLAT);
@@ -284,7 +269,7 @@ impl<A: Adopter> Vm<'_, A> {
             self.commit(&mut s, ops, values);
         }
         self.flat = s;
-        Ok(taken)
+        taken
     }
 
     /// Whether a value read now goes into a batch of `APPENDS` to a list (in a part of a split
@@ -411,7 +396,7 @@ impl<A: Adopter> Vm<'_, A> {
         }
         // one item then APPEND; anything else means the list is empty and the dict goes on
         let (pos, ops, values) = (c.pos, c.ops, c.values);
-        let marks = (
+        let lengths = (
             s.items.len(),
             s.pending.len(),
             s.inner.len(),
@@ -422,10 +407,10 @@ impl<A: Adopter> Vm<'_, A> {
             return Some(());
         }
         (c.pos, c.ops, c.values) = (pos, ops, values);
-        s.items.truncate(marks.0);
-        s.pending.truncate(marks.1);
-        s.inner.truncate(marks.2);
-        s.inner_pairs.truncate(marks.3);
+        s.items.truncate(lengths.0);
+        s.pending.truncate(lengths.1);
+        s.inner.truncate(lengths.2);
+        s.inner_pairs.truncate(lengths.3);
         Some(())
     }
 
