@@ -56,9 +56,11 @@ pub trait Adopter {
     const READS_FLAT: bool = false;
 
     /// Takes a flat dict read whole: fills `out` with what the dict, its list and its inner
-    /// dicts become, exactly as [`Adopter::adopt`] would have made them once they were stored,
-    /// and returns `true`; or returns `false`, having changed nothing that decoding the dict
-    /// opcode by opcode would not change, and the decoder does that.
+    /// dicts become, exactly as decoding it opcode by opcode would have made them by the end of
+    /// its `SETITEMS` (the list and inner dicts stored by [`Adopter::adopt`], the dict itself
+    /// offered to [`Adopter::completed`]), and returns `true`; or returns `false`, having
+    /// changed nothing that decoding the dict opcode by opcode would not change, and the decoder
+    /// does that.
     fn adopt_flat(
         &mut self,
         _heap: &mut Heap,
@@ -66,6 +68,15 @@ pub trait Adopter {
         _out: &mut FlatAdopted,
     ) -> bool {
         false
+    }
+
+    /// Told of a dict inside a batch of `APPENDS` to a list (where trace entries are) as soon as
+    /// a `SETITEMS` has set its items; returns its replacement to compact it there and then, or
+    /// the dict itself to leave it open (later items go into it, and it is offered to
+    /// [`Adopter::adopt`] when stored). The fast path reads such dicts whole, so what an adopter
+    /// compacts here is what it compacts there, at the same point of the pickle.
+    fn completed(&mut self, _heap: &mut Heap, dict: Value) -> Result<Value, FieldError> {
+        Ok(dict)
     }
 
     /// Returns the value to store in place of `value`. `key` is the dict key for dict values and
@@ -682,15 +693,35 @@ impl<'a, A: Adopter> Vm<'a, A> {
         if let Some(replacement) = self.heap.forwarded(v) {
             return Ok(replacement);
         }
+        self.hand_over(|adopter, heap| adopter.adopt(heap, key, v))
+    }
+
+    /// After a `SETITEMS`, the dict on top of the stack: offered to the adopter now when it lies
+    /// in a batch of a list ([`Adopter::completed`]).
+    fn complete_top(&mut self) -> Result<(), DecodeError> {
+        let Some(&dict) = self.stack.last() else {
+            return Ok(());
+        };
+        if !self.in_list_batch() {
+            return Ok(());
+        }
+        let v = self.hand_over(|adopter, heap| adopter.completed(heap, dict))?;
+        *self.stack.last_mut().expect("not empty") = v;
+        Ok(())
+    }
+
+    /// Runs one of the adopter's conversions: its refusal becomes an error at this opcode, and
+    /// the memo entries of what it compacted now hold the replacements.
+    fn hand_over(
+        &mut self,
+        convert: impl FnOnce(&mut A, &mut Heap) -> Result<Value, FieldError>,
+    ) -> Result<Value, DecodeError> {
         let offset = self.offset;
-        let out = self
-            .adopter
-            .adopt(&mut self.heap, key, v)
-            .map_err(|e| DecodeError {
-                offset,
-                kind: DecodeErrorKind::Rejected(e),
-                decompressed: false,
-            })?;
+        let out = convert(self.adopter, &mut self.heap).map_err(|e| DecodeError {
+            offset,
+            kind: DecodeErrorKind::Rejected(e),
+            decompressed: false,
+        })?;
         while let Some((slot, replacement)) = self.heap.memo_rewrites.pop() {
             self.memo.replace(slot as u64, replacement);
             self.adopter.memoized(&self.heap, slot as u64, replacement);
@@ -1145,6 +1176,7 @@ impl<'a, A: Adopter> Vm<'a, A> {
                         dict.extend(stack[m..].chunks_exact(2).map(|kv| (kv[0], kv[1])));
                     }
                     stack.truncate(m);
+                    self.complete_top()?;
                 }
                 op::MEMOIZE => {
                     let v = self.top(code)?;

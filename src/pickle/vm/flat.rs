@@ -13,17 +13,15 @@
 //! where decoding pauses, too many values, or an adopter that declines (not a trace entry, a
 //! field that does not convert: the general path then reports it at its own offset).
 //!
-//! Only a dict inside a batch of `APPENDS` to a list is read here: the general path stores it
-//! there, and its adopter sees it then. What the general path would leave behind, this leaves
-//! too: the same strings interned in the same order (both intern a string where they read it),
-//! the memo entries holding what compaction leaves in them, the same counts of values and
-//! opcodes, the same exports to the other parts of a split decode. The difference is when a
-//! row is made: at the end of its dict instead of at the `APPENDS` of its batch. Nothing that
-//! reads rows sees it (trace lists name their rows); a malformed pickle that goes on to use
-//! the entry as a container before that `APPENDS` fails at the same byte either way, but its
-//! message names the entry a compacted object instead of a dict. Whether a dict is read here
-//! depends only on its own bytes and the memo entries it fetches, never on where a window ends:
-//! the window is topped up first.
+//! Only a dict inside a batch of `APPENDS` to a list, with its items in one `MARK`...`SETITEMS`,
+//! is read here: the general path offers such a dict to [`Adopter::completed`] at the end of
+//! that `SETITEMS`, and the adopter makes the same of it either way, at the same point of the
+//! pickle. What the general path leaves behind, this leaves too: the same strings interned in
+//! the same order (both intern a string where they read it), the same frames, stacks and rows
+//! in the same order, the memo entries holding what compaction leaves in them, the same counts
+//! of values and opcodes, the same exports to the other parts of a split decode. Whether a
+//! dict is read here depends only on its own bytes and the memo entries it fetches, never on
+//! where a window ends: the window is topped up first.
 //!
 //! Written by hand: it is part of the VM, and no pickle library has such a path.
 
@@ -272,11 +270,11 @@ impl<A: Adopter> Vm<'_, A> {
         taken
     }
 
-    /// Whether a value read now goes into a batch of `APPENDS` to a list (in a part of a split
-    /// decode, also to the list below the part's stack): where trace entries are, and where the
-    /// general path stores what it reads, so that its adopter sees it too. (The root dict, for
-    /// one, is never stored: its adopter never sees it.)
-    fn in_list_batch(&self) -> bool {
+    /// Whether the top of the stack (or a value read now) lies in a batch of `APPENDS` to a
+    /// list (in a part of a split decode, also to the list below the part's stack): where trace
+    /// entries are, and where the general path offers a dict to [`Adopter::completed`] at the
+    /// end of its `SETITEMS`.
+    pub(super) fn in_list_batch(&self) -> bool {
         match self.marks.last() {
             None | Some(0) => self.part.is_some(),
             Some(&m) => matches!(self.stack.get(m - 1), Some(Value::List(_))),
@@ -316,7 +314,9 @@ impl<A: Adopter> Vm<'_, A> {
         self.stack.push(s.adopted.dict);
     }
 
-    /// `EMPTY_DICT`, a memo entry, and its pairs.
+    /// `EMPTY_DICT`, a memo entry, and its pairs in one batch: `MARK` pairs `SETITEMS`, where
+    /// the general path offers the dict to [`Adopter::completed`]. (One pair and `SETITEM` is
+    /// left to it: protocol 0 sets every pair so, and no later point says the dict is done.)
     fn read_outer(&mut self, c: &mut Cursor, s: &mut FlatScratch) -> Option<()> {
         if c.peek()? != op::EMPTY_DICT {
             return None;
@@ -324,6 +324,9 @@ impl<A: Adopter> Vm<'_, A> {
         c.step(1);
         c.values += 1;
         self.memo_op(c, s, Pending::Outer)?;
+        if c.peek()? != op::MARK {
+            return None;
+        }
         self.read_pairs(c, s, true)
     }
 
