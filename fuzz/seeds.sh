@@ -63,7 +63,34 @@ printf 'max_split_size_mb:256,roundup_power2_divisions:[256:1,512:2,1024:4,>:8]'
 printf 'garbage_collection_threshold:0.6,max_split_size_mb:64' > "$out/settings/gc"
 printf '9.04GiB' > "$out/settings/size"
 cp examples/rules.toml "$out/settings/rules.toml"
+# the decode seeds again with frames of 256 B to 2 KiB instead of 64 KiB, so that inputs of a
+# few KiB already decode in parts (`split-small`, a faster run of the `split` target)
+mkdir -p "$out/split-small"
+python3 - "$out/decode" "$out/split-small" <<'PY'
+import os, pickletools, struct, sys
+src, dst = sys.argv[1:]
+for k, name in enumerate(sorted(os.listdir(src))):
+    data = open(os.path.join(src, name), "rb").read()
+    if data[:2] != b"\x80\x04":
+        continue
+    try:
+        ops = [(pos, op.name) for op, _, pos in pickletools.genops(data)]
+    except Exception:
+        continue
+    ends = [pos for pos, _ in ops[2:]] + [len(data)]
+    size = 256 << (k % 4)
+    out, frame = [data[:2]], b""
+    for (pos, opname), end in zip(ops[1:], ends):
+        if opname != "FRAME":
+            frame += data[pos:end]
+        if len(frame) >= size:
+            out.append(b"\x95" + struct.pack("<Q", len(frame)) + frame)
+            frame = b""
+    if frame:
+        out.append(b"\x95" + struct.pack("<Q", len(frame)) + frame)
+    open(os.path.join(dst, name), "wb").write(b"".join(out))
+PY
 # trace entries read whole against opcode by opcode: the decode and split seeds together
 mkdir -p "$out/flat"
 cp "$out/decode"/* "$out/split"/* "$out/flat/"
-echo "seeds: $(ls "$out/decode" | wc -l) pickles, $(ls "$out/settings" | wc -l) texts
+echo "seeds: $(ls "$out/decode" | wc -l) pickles, $(ls "$out/settings" | wc -l) texts"

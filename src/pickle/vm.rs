@@ -152,8 +152,8 @@ struct Vm<'a, A: Adopter> {
     /// Memory a part may hold besides its allowance: the memo's stand-ins for earlier parts'
     /// entries (8 bytes each, twice while the memo grows).
     stand_in_bytes: u64,
-    /// Buffers of the flat-dict fast path.
-    flat: flat::FlatScratch,
+    /// Buffers of the flat-dict fast path, boxed: they are taken out and put back for each dict.
+    flat: Option<Box<flat::FlatScratch>>,
     /// Frame lists the fast path has seen, by their bytes.
     seen_lists: flat::SeenLists,
 }
@@ -512,7 +512,7 @@ impl<'a, A: Adopter> Vm<'a, A> {
             stop_at: u64::MAX,
             part: None,
             stand_in_bytes: 0,
-            flat: flat::FlatScratch::default(),
+            flat: None,
             seen_lists: flat::SeenLists::default(),
         }
     }

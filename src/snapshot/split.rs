@@ -634,17 +634,7 @@ fn take_in<R: std::io::Read + std::io::Seek>(
         }
         let emitted = part.input.emitted.iter().map(|&v| t.value(v)).collect();
         let pending = part.input.pending.iter().map(|&v| t.value(v)).collect();
-        // a trace entry is never fetched again (it may be listed once): not worth translating
-        // (frame lists are, as PyTorch shares one between the entries of a block's free)
-        let memo = part
-            .input
-            .memo
-            .iter()
-            .map(|&v| match v {
-                Value::Handle(EVENT, _) => Value::UNAVAILABLE,
-                v => t.value(v),
-            })
-            .collect();
+        let memo = part.input.memo.iter().map(|&v| t.memo_entry(v)).collect();
         (emitted, pending, memo)
     };
     decoder.take_part(PartInput {
@@ -670,6 +660,8 @@ struct Translation<'a> {
     frames: Vec<u32>,
     stacks: Vec<u32>,
     rows: Vec<u32>,
+    /// The copies of the part's containers that its memo holds, by the part's reference.
+    copies: rustc_hash::FxHashMap<crate::pickle::Ref, Value>,
 }
 
 const NOT_YET: u32 = u32::MAX;
@@ -701,6 +693,7 @@ impl<'a> Translation<'a> {
             frames: vec![NOT_YET; from.stacks.frame_count()],
             stacks: vec![NOT_YET; from.stacks.stack_count()],
             rows: vec![NOT_YET; from.events.len()],
+            copies: Default::default(),
             from_heap,
             from,
             heap,
@@ -722,6 +715,57 @@ impl<'a> Translation<'a> {
         StrId(once(&mut self.strings, s.0, || {
             heap.intern(from_heap.str(s)).0
         }))
+    }
+
+    /// A memo entry of the part, as the first decoder's memo must hold it for what later
+    /// parts deferred: what one piece would hold there.
+    fn memo_entry(&mut self, v: Value) -> Value {
+        match self.from_heap.forwarded(v).unwrap_or(v) {
+            // a trace entry is never fetched again (it may be listed once): not worth
+            // translating (frame lists are, as PyTorch shares one between the entries of a
+            // block's free)
+            Value::Handle(EVENT, _) => Value::UNAVAILABLE,
+            v => self.container(v, 2),
+        }
+    }
+
+    /// A value with its containers `depth` deep copied into the first decoder's heap (each
+    /// container once, so that entries sharing one still share it); deeper ones unavailable.
+    /// A frame dict stays a dict in the memo, read as a frame where a list fetches it, and a
+    /// list stays a list until its entry is complete: the copies are read the same way when a
+    /// later part's deferred frame or frame list is resolved. Their strings are the part's,
+    /// all translated before.
+    fn container(&mut self, v: Value, depth: u8) -> Value {
+        let v = self.from_heap.forwarded(v).unwrap_or(v);
+        let (Value::Dict(r) | Value::List(r)) = v else {
+            return self.value(v);
+        };
+        if depth == 0 {
+            return Value::UNAVAILABLE;
+        }
+        if let Some(&copy) = self.copies.get(&r) {
+            return copy;
+        }
+        let copy = match v {
+            Value::Dict(_) => {
+                let pairs = self.from_heap.dict(r).to_vec();
+                let pairs = pairs
+                    .into_iter()
+                    .map(|(k, v)| (self.value(k), self.container(v, depth - 1)))
+                    .collect();
+                Value::Dict(self.heap.new_dict(pairs))
+            }
+            _ => {
+                let items = self.from_heap.list(r).to_vec();
+                let items = items
+                    .into_iter()
+                    .map(|v| self.container(v, depth - 1))
+                    .collect();
+                Value::List(self.heap.new_list(items))
+            }
+        };
+        self.copies.insert(r, copy);
+        copy
     }
 
     fn frame(&mut self, f: FrameId) -> FrameId {
@@ -834,6 +878,22 @@ mod tests {
                 plain
             })
             .collect()
+    }
+
+    /// A fuzzing finding (`fuzz/README.md`): frames of 256 bytes, so that a part of a few KiB
+    /// holds a frame dict in its memo that a later part's frame list fetches. Whether a part
+    /// is taken in depends on timing, so each split is tried several times.
+    #[test]
+    fn a_frame_dict_of_an_earlier_part_is_read_as_one_piece_reads_it() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata/fuzz/found-split-frame-dict.pickle");
+        let mut taken = 0;
+        for parts in 2..=4 {
+            for _ in 0..8 {
+                taken += parts_agree(&path, parts).unwrap_or_else(|e| panic!("{parts} parts: {e}"));
+            }
+        }
+        assert!(taken > 0, "no part was taken in");
     }
 
     #[test]

@@ -211,8 +211,9 @@ impl Cursor<'_> {
 }
 
 /// The run of `BINGET`/`LONG_BINGET`s from `pos` when `APPENDS` ends it: where the
-/// `APPENDS` stands, and how many fetches there are.
-#[inline]
+/// `APPENDS` stands, and how many fetches there are. Kept out of line, so that its loop keeps
+/// the position in a register.
+#[inline(never)]
 fn fetch_run(w: &[u8], mut pos: usize) -> Option<(usize, u32)> {
     let mut n = 0;
     loop {
@@ -245,7 +246,7 @@ impl<A: Adopter> Vm<'_, A> {
         }
         let w = r.window();
         let w = &w[..w.len().min(MAX_FLAT)];
-        let mut s = std::mem::take(&mut self.flat);
+        let mut s = self.flat.take().unwrap_or_default();
         s.clear();
         let mut c = Cursor {
             w,
@@ -266,7 +267,7 @@ impl<A: Adopter> Vm<'_, A> {
             r.advance(consumed);
             self.commit(&mut s, ops, values);
         }
-        self.flat = s;
+        self.flat = Some(s);
         taken
     }
 
