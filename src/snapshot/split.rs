@@ -746,20 +746,22 @@ impl<'a> Translation<'a> {
         if let Some(&copy) = self.copies.get(&r) {
             return copy;
         }
+        // the part's heap is borrowed apart from `self`: its containers are read in place
+        let from_heap = self.from_heap;
         let copy = match v {
             Value::Dict(_) => {
-                let pairs = self.from_heap.dict(r).to_vec();
-                let pairs = pairs
-                    .into_iter()
-                    .map(|(k, v)| (self.value(k), self.container(v, depth - 1)))
+                let pairs = from_heap
+                    .dict(r)
+                    .iter()
+                    .map(|&(k, v)| (self.value(k), self.container(v, depth - 1)))
                     .collect();
                 Value::Dict(self.heap.new_dict(pairs))
             }
             _ => {
-                let items = self.from_heap.list(r).to_vec();
-                let items = items
-                    .into_iter()
-                    .map(|v| self.container(v, depth - 1))
+                let items = from_heap
+                    .list(r)
+                    .iter()
+                    .map(|&v| self.container(v, depth - 1))
                     .collect();
                 Value::List(self.heap.new_list(items))
             }
