@@ -6,6 +6,10 @@
 //! comparisons and every later command read that value; none of them replays or attributes
 //! again, and none of them imports another view.
 //!
+//! The replay and the labelling of events run side by side where a core is free for it: the
+//! labels need only what the replay knows before its first event ([`crate::replay::Preview`]);
+//! the categories, which need the replay's lifetimes, come after both.
+//!
 //! The grouping vocabulary lives in [`breakdown`]: a [`Dimension`] to group by, a [`Keyer`]
 //! that turns labels into group names, [`Share`]s of bytes, and the [`StepRow`]s of the step
 //! table.
@@ -142,8 +146,15 @@ pub fn analyse_device<'s>(
     device: u32,
     options: &Options,
 ) -> DeviceAnalysis<'s> {
-    let replay = replay::replay(snap, device, options.model);
-    let attribution = attribute::attribute(snap, &replay, &options.attribution);
+    // The events are labelled (all but their categories) on another core, where one is free,
+    // while the replay runs: the labels need only what the replay knows before it starts.
+    let prepared = replay::prepare(snap, device, options.model);
+    let preview = prepared.preview();
+    let (replay, labelled) = rayon::join(
+        || prepared.run(),
+        || attribute::label(snap, &preview, &options.attribution),
+    );
+    let attribution = labelled.finish(snap, &replay, &options.attribution);
     let peak = replay.peaks.allocated;
     let live = breakdown::live_at(snap, &replay, &attribution, peak.event);
     let mut keyer = Keyer::new(snap, &attribution);

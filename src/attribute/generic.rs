@@ -14,7 +14,7 @@
 use super::source::SourceFiles;
 use super::{frames, modules};
 use super::{Label, Names, Phase, STEP_NONE};
-use crate::replay::Replay;
+use crate::replay::Preview;
 use crate::snapshot::{Action, Snapshot, StackId, Stage};
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -228,7 +228,7 @@ fn step_number(name: &str) -> Option<u32> {
 /// pipeline preset left outside any pipeline step get phases and stages.
 pub(crate) fn label(
     snap: &Snapshot,
-    replay: &Replay,
+    preview: &Preview,
     sources: &mut SourceFiles,
     names: &mut Names,
     labels: &mut [Label],
@@ -239,8 +239,8 @@ pub(crate) fn label(
     let mut layers = modules::LayerCounter::default();
     // (event, chain, ordinal of each method), for events whose stage is a module path
     let mut marks: Vec<(usize, u32, Vec<u16>)> = Vec::new();
-    let events = snap.trace(replay.device);
-    let ranges = annotation_ranges(snap, replay.device);
+    let events = snap.trace(preview.device);
+    let ranges = annotation_ranges(snap, preview.device);
     let mut cache = frames::PerStack::new(snap);
     let mut active: Vec<(i64, i64, crate::snapshot::StrId)> = Vec::new();
     let mut next_range = 0;

@@ -33,7 +33,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::replay::Replay;
+use crate::replay::{Preview, Replay};
 use crate::snapshot::Snapshot;
 
 pub use category::Category;
@@ -319,7 +319,26 @@ impl Attribution {
 
 /// Labels every event of one replayed device.
 pub fn attribute(snap: &Snapshot, replay: &Replay, options: &Options) -> Attribution {
-    let events = snap.trace(replay.device);
+    label(snap, &replay.preview(), options).finish(snap, replay, options)
+}
+
+/// Events labelled with their steps, ops, phases and stages, before the replay's lifetimes
+/// give them categories ([`Labelled::finish`]). Needs only what is known before the replay
+/// runs, so it can be made while it runs.
+#[derive(Debug)]
+pub struct Labelled {
+    device: u32,
+    preset: Preset,
+    labels: Vec<Label>,
+    names: Names,
+    pipeline: Option<PipelineInfo>,
+    phase_sources: generic::PhaseSources,
+}
+
+/// Labels every event of one device with its step, op, phase and stage (everything but the
+/// category, which needs the replay).
+pub fn label(snap: &Snapshot, preview: &Preview, options: &Options) -> Labelled {
+    let events = snap.trace(preview.device);
     let mut names = Names::default();
     let mut labels = vec![
         Label {
@@ -333,7 +352,7 @@ pub fn attribute(snap: &Snapshot, replay: &Replay, options: &Options) -> Attribu
     // The pipeline labelling finds no DualPipeV call (and leaves the labels alone) where the
     // program has none, so trying it is also how the preset is detected.
     if options.preset != Some(Preset::Generic) {
-        info = pipeline::label(snap, replay, &mut sources, &mut names, &mut labels);
+        info = pipeline::label(snap, preview, &mut sources, &mut names, &mut labels);
     }
     let preset = if info.is_some() {
         Preset::Pithtrain
@@ -342,24 +361,48 @@ pub fn attribute(snap: &Snapshot, replay: &Replay, options: &Options) -> Attribu
     };
     let phase_sources = generic::label(
         snap,
-        replay,
+        preview,
         &mut sources,
         &mut names,
         &mut labels,
         preset == Preset::Generic,
     );
-    let mut preexisting = vec![Label::EMPTY; replay.preexisting.len()];
-    category::assign(snap, replay, &names, &mut labels, &mut preexisting);
-    if let Some(rules) = &options.rules {
-        rules.apply(snap, replay, &mut names, &mut labels, &mut preexisting);
-    }
-    Attribution {
-        device: replay.device,
+    Labelled {
+        device: preview.device,
         preset,
         labels,
-        preexisting,
         names,
         pipeline: info,
         phase_sources,
+    }
+}
+
+impl Labelled {
+    /// Gives every event and every block from before the trace its category, then applies the
+    /// custom rules: the attribution of the device `replay` replayed.
+    pub fn finish(self, snap: &Snapshot, replay: &Replay, options: &Options) -> Attribution {
+        debug_assert_eq!(self.device, replay.device);
+        let Labelled {
+            device,
+            preset,
+            mut labels,
+            mut names,
+            pipeline,
+            phase_sources,
+        } = self;
+        let mut preexisting = vec![Label::EMPTY; replay.preexisting.len()];
+        category::assign(snap, replay, &names, &mut labels, &mut preexisting);
+        if let Some(rules) = &options.rules {
+            rules.apply(snap, replay, &mut names, &mut labels, &mut preexisting);
+        }
+        Attribution {
+            device,
+            preset,
+            labels,
+            preexisting,
+            names,
+            pipeline,
+            phase_sources,
+        }
     }
 }

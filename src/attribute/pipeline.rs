@@ -25,7 +25,7 @@ use super::source::{self, SourceFiles};
 use super::{
     Label, Names, Phase, PipelineInfo, StepSource, NO_MB, STEP_AFTER, STEP_BEFORE, STEP_NONE,
 };
-use crate::replay::Replay;
+use crate::replay::Preview;
 use crate::snapshot::{Snapshot, StackId};
 
 /// What one stack says about the pipeline.
@@ -292,18 +292,18 @@ fn stage_of_stack(
 /// DualPipeV call at all.
 pub(crate) fn label(
     snap: &Snapshot,
-    replay: &Replay,
+    preview: &Preview,
     sources: &mut SourceFiles,
     names: &mut Names,
     labels: &mut [Label],
 ) -> Option<PipelineInfo> {
-    let events = snap.trace(replay.device);
+    let events = snap.trace(preview.device);
     let mut facts = frames::PerStack::new(snap);
     // 1. the calls made by `step()`'s call sites, and its invocations
     let mut scan = scan_calls(snap, events, &mut facts)?;
     let path = snap.str(scan.file).to_string();
     // 2. the `# Step N` regions of `step()`, from the source or inferred
-    let found = step_regions(snap, replay, sources, &scan, &path, &mut facts)?;
+    let found = step_regions(snap, preview, sources, &scan, &path, &mut facts)?;
     for c in &mut scan.calls {
         c.step = step_of_line(&found.regions, c.site);
     }
@@ -333,7 +333,7 @@ pub(crate) fn label(
         .filter(|s| (1..=8).contains(s))
         .max()
         .unwrap_or(0);
-    let chunks_known = replay.ooms.is_empty() || last_step > 4;
+    let chunks_known = !preview.has_oom || last_step > 4;
     Some(PipelineInfo {
         note: found.note,
         steps_from: found.steps_from,
@@ -465,7 +465,7 @@ fn source_matches_trace(snap: &Snapshot, calls: &[Call], lines: &[String]) -> bo
 
 fn step_regions(
     snap: &Snapshot,
-    replay: &Replay,
+    preview: &Preview,
     sources: &mut SourceFiles,
     scan: &CallScan,
     path: &str,
@@ -505,7 +505,7 @@ fn step_regions(
         });
     }
     let first_rank = Some(
-        frames::distinct_stacks(snap, replay.device)
+        frames::distinct_stacks(snap, preview.device)
             .into_iter()
             .any(|s| frames::user_frames(snap, s).any(|f| snap.str(f.name) == "forward_prolog")),
     )
@@ -515,13 +515,13 @@ fn step_regions(
         .filter(|c| c.invocation == 0)
         .map(|c| (c.site, c.kind))
         .collect();
-    let events = snap.trace(replay.device);
+    let events = snap.trace(preview.device);
     let started_outside = calls
         .first()
         .is_some_and(|c| (0..c.first).any(|i| fact(cache, snap, events[i].stack).main_thread));
     let cut = infer::Cut {
-        head: !replay.history.complete && !started_outside,
-        tail: !replay.ooms.is_empty(),
+        head: !preview.history.complete && !started_outside,
+        tail: preview.has_oom,
     };
     let (regions, shape) = infer::infer(&first, first_rank, cut)?;
     Some(FoundRegions {

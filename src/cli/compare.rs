@@ -102,6 +102,7 @@ fn load_one(
     index: usize,
     path: &Path,
     threads: usize,
+    at_once: bool,
     options: &analysis::Options,
     chart_options: Option<&chart::Options>,
 ) -> Result<Loaded, memsnap::Error> {
@@ -124,6 +125,12 @@ fn load_one(
             };
             panels.push(chart::panel(&a, co, &title, 500));
         }
+        if at_once {
+            super::keep_to_exit(a);
+        }
+    }
+    if at_once {
+        super::keep_to_exit(snap);
     }
     if profiles.is_empty() {
         return Err(memsnap::Error::new(
@@ -149,11 +156,14 @@ fn load_all(
     let progress = ui::FilesProgress::new(files.len() as u64);
     // the files are read side by side: each may decode on its share of the cores
     let threads = (rayon::current_num_threads() / files.len().max(1)).max(1);
+    // when all are read at once, all are in memory together anyway: what each holds can wait
+    // for the process to end instead of being freed table by table
+    let at_once = files.len() <= rayon::current_num_threads();
     let results: Vec<Result<Loaded, (usize, memsnap::Error)>> = files
         .par_iter()
         .enumerate()
         .map(|(i, f)| {
-            let r = load_one(i, f, threads, options, chart_options).map_err(|e| (i, e));
+            let r = load_one(i, f, threads, at_once, options, chart_options).map_err(|e| (i, e));
             progress.done_one();
             r
         })

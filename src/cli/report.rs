@@ -49,7 +49,7 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let mut tally = Tally::default();
-    for path in &args.files {
+    for (k, path) in args.files.iter().enumerate() {
         let snap = match load(path) {
             Ok(s) => s,
             Err(e) => {
@@ -72,6 +72,10 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
                     tally.complain(&e);
                 }
             }
+        }
+        if k + 1 == args.files.len() {
+            super::keep_to_exit(devices);
+            super::keep_to_exit(snap);
         }
     }
     tally.finish()

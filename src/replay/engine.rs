@@ -90,15 +90,19 @@ impl<'a> Replayer<'a> {
         }
     }
 
-    /// Segments at trace start: the snapshot's, with the trace's segment events undone.
-    fn start_ranges(&mut self) -> u64 {
+    /// Segments at trace start: the snapshot's, with the trace's segment events undone. Also
+    /// counts the frees of segments from before the trace, and says whether an allocation
+    /// failed.
+    fn start_ranges(&mut self) -> (u64, bool) {
         for seg in self.snap.segments_of(self.device) {
             self.state
                 .map_range(seg.address, seg.total_size, seg.is_expandable);
         }
         let mut orphan_frees = 0;
+        let mut has_oom = false;
         for e in self.events.iter().rev() {
             match e.action {
+                Action::Oom => has_oom = true,
                 Action::SegmentAlloc => {
                     self.state.ranges.remove(&e.addr);
                 }
@@ -125,7 +129,7 @@ impl<'a> Replayer<'a> {
                 _ => {}
             }
         }
-        orphan_frees
+        (orphan_frees, has_oom)
     }
 
     /// Blocks alive before the first event.
@@ -226,24 +230,63 @@ impl<'a> Replayer<'a> {
         (out, frees_without_alloc)
     }
 
-    /// Replays every event from the state rebuilt for trace start.
-    pub(super) fn run(mut self) -> Replay {
-        let segment_orphans = self.start_ranges();
+    /// Rebuilds the state at trace start: the work before the first event is replayed.
+    pub(super) fn prepare(mut self) -> Prepared<'a> {
+        let (segment_orphans, has_oom) = self.start_ranges();
         let (preexisting, frees_without_alloc) = self.start_blocks();
-        let start = self.start_totals();
-        let start_layout = self.start_layout();
-        let mut rec = Recording::new(self.events.len(), start, preexisting, self.misplaced);
+        let history = History {
+            frees_without_alloc,
+            segment_frees_without_alloc: segment_orphans,
+            complete: frees_without_alloc == 0 && segment_orphans == 0,
+            wrapped: self.wrapped(frees_without_alloc + segment_orphans),
+        };
+        Prepared {
+            preview: Preview {
+                device: self.device,
+                history,
+                has_oom,
+            },
+            replayer: self,
+            preexisting,
+        }
+    }
+}
+
+/// A replay ready to run: the state at trace start rebuilt, what is known of the trace before
+/// its events are replayed at hand.
+pub struct Prepared<'a> {
+    replayer: Replayer<'a>,
+    preexisting: Vec<Preexisting>,
+    preview: Preview,
+}
+
+impl Prepared<'_> {
+    /// What is known of the trace before its events are replayed.
+    pub fn preview(&self) -> Preview {
+        self.preview
+    }
+
+    /// Replays every event from the state rebuilt for trace start.
+    pub fn run(self) -> Replay {
+        let Prepared {
+            replayer: mut this,
+            preexisting,
+            preview,
+        } = self;
+        let start = this.start_totals();
+        let start_layout = this.start_layout();
+        let mut rec = Recording::new(this.events.len(), start, preexisting, this.misplaced);
         // The earliest time, not the first: a clock that goes backwards (an anomaly the report
         // counts) must not make offsets negative.
-        let t0 = self
+        let t0 = this
             .events
             .iter()
             .map(|e| e.time_us)
             .filter(|&t| t != 0)
             .min();
         let t0 = t0.unwrap_or(0);
-        for (i, e) in self.events.iter().enumerate() {
-            self.apply(i, e, &mut rec);
+        for (i, e) in this.events.iter().enumerate() {
+            this.apply(i, e, &mut rec);
             let offset = if e.time_us != 0 {
                 e.time_us.saturating_sub(t0)
             } else {
@@ -251,7 +294,7 @@ impl<'a> Replayer<'a> {
             };
             rec.close_event(i, offset, start.reserved);
         }
-        let t_end = self
+        let t_end = this
             .events
             .iter()
             .map(|e| e.time_us)
@@ -261,8 +304,8 @@ impl<'a> Replayer<'a> {
         let anomalies = rec.anomalies;
         let oversized = std::mem::take(&mut rec.oversized);
         let mut replay = Replay {
-            device: self.device,
-            model: self.model,
+            device: this.device,
+            model: this.model,
             allocated: rec.allocated,
             requested: rec.requested,
             reserved_changes: rec.reserved_changes,
@@ -272,32 +315,29 @@ impl<'a> Replayer<'a> {
             start,
             end: rec.t,
             peaks: rec.peaks,
-            history: History {
-                frees_without_alloc,
-                segment_frees_without_alloc: segment_orphans,
-                complete: frees_without_alloc == 0 && segment_orphans == 0,
-                wrapped: self.wrapped(frees_without_alloc + segment_orphans),
-            },
+            history: preview.history,
             check: EndCheck::default(),
             ooms: rec.ooms,
             time_span_us: (t0, t_end),
             start_layout,
         };
-        replay.check = self.check_end(&replay, anomalies);
+        replay.check = this.check_end(&replay, anomalies);
         for (i, size) in oversized {
             replay.check.consistent = false;
             replay.check.examples.push(format!(
                 "event {i}: {} of {size} bytes, more than any GPU holds (over 2^48): skipped, \
                  as the allocator would have refused it",
-                self.events[i].action.as_str()
+                this.events[i].action.as_str()
             ));
         }
-        if self.model == SizeModel::Rounded {
+        if this.model == SizeModel::Rounded {
             anchor_at_end(&mut replay);
         }
         replay
     }
+}
 
+impl Replayer<'_> {
     /// The segments and blocks rebuilt for trace start.
     fn start_layout(&self) -> Vec<StartSegment> {
         let mut by_address: Vec<(u64, Blk)> =

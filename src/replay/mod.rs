@@ -15,7 +15,9 @@
 //! end that the trace never touched, plus those whose free appears without its alloc (the ring
 //! buffer wrapped, or recording started late). Replaying forward must then land exactly on the
 //! snapshot's blocks: every live block at the same address with the same size. [`EndCheck`]
-//! says whether it did, with figures.
+//! says whether it did, with figures. What that rebuilding learns of the trace (is its history
+//! complete, did an allocation fail: a [`Preview`]) is at hand before the events are replayed
+//! ([`prepare`]), so that work needing only that can run meanwhile.
 //!
 //! `SizeModel::Rounded` counts each request rounded to 512 bytes instead of its block, anchored
 //! so that it ends at the snapshot's total: the simpler accounting other tools use.
@@ -25,6 +27,7 @@ mod engine;
 mod state;
 
 pub use allocator::{SizeRules, MIN_BLOCK, SMALL_SIZE};
+pub use engine::Prepared;
 
 use crate::snapshot::{Action, Snapshot, StackId};
 use state::PRE;
@@ -277,7 +280,36 @@ pub fn replay_all(snap: &Snapshot, model: SizeModel) -> Vec<Replay> {
 
 /// Replays one device's trace.
 pub fn replay(snap: &Snapshot, device: u32, model: SizeModel) -> Replay {
-    engine::Replayer::new(snap, device, model).run()
+    prepare(snap, device, model).run()
+}
+
+/// Rebuilds one device's state at trace start, ready to replay its events
+/// ([`Prepared::run`]); what is known before that ([`Prepared::preview`]) lets other work start
+/// meanwhile.
+pub fn prepare(snap: &Snapshot, device: u32, model: SizeModel) -> Prepared<'_> {
+    engine::Replayer::new(snap, device, model).prepare()
+}
+
+/// What is known of a device's trace before its events are replayed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Preview {
+    /// Device ordinal.
+    pub device: u32,
+    /// Completeness of the trace.
+    pub history: History,
+    /// An allocation failed (the trace holds an `oom` event).
+    pub has_oom: bool,
+}
+
+impl Replay {
+    /// What was known of the trace before its events were replayed.
+    pub fn preview(&self) -> Preview {
+        Preview {
+            device: self.device,
+            history: self.history,
+            has_oom: !self.ooms.is_empty(),
+        }
+    }
 }
 
 #[cfg(test)]

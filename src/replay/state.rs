@@ -64,21 +64,27 @@ pub(crate) struct Range {
 pub(crate) struct State {
     pub(crate) ranges: BTreeMap<u64, Range>,
     pub(crate) blocks: FxHashMap<u64, Blk>,
-    /// Block starts in address order, for the lookups by address inside a block.
-    starts: std::collections::BTreeSet<u64>,
+    /// Block starts in address order, for the lookups by address inside a block. Built at the
+    /// first such lookup and kept up to date from then on: a consistent trace of fixed
+    /// segments never needs one, and saves an ordered insert and remove per event.
+    starts: Option<std::collections::BTreeSet<u64>>,
 }
 
 impl State {
     /// Adds (or replaces) the block at `addr`.
     pub(crate) fn put(&mut self, addr: u64, b: Blk) {
         self.blocks.insert(addr, b);
-        self.starts.insert(addr);
+        if let Some(starts) = &mut self.starts {
+            starts.insert(addr);
+        }
     }
 
     /// Removes the block at `addr`.
     fn take(&mut self, addr: u64) -> Option<Blk> {
         let b = self.blocks.remove(&addr)?;
-        self.starts.remove(&addr);
+        if let Some(starts) = &mut self.starts {
+            starts.remove(&addr);
+        }
         Some(b)
     }
 
@@ -184,8 +190,12 @@ impl State {
     }
 
     /// The block whose bytes include `addr`.
-    pub(crate) fn containing(&self, addr: u64) -> Option<u64> {
-        let &s = self.starts.range(..=addr).next_back()?;
+    pub(crate) fn containing(&mut self, addr: u64) -> Option<u64> {
+        let blocks = &self.blocks;
+        let starts = self
+            .starts
+            .get_or_insert_with(|| blocks.keys().copied().collect());
+        let &s = starts.range(..=addr).next_back()?;
         let b = self.blocks.get(&s)?;
         (addr < s.saturating_add(b.size)).then_some(s)
     }

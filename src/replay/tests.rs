@@ -207,3 +207,32 @@ fn expandable_segment_grows_and_shrinks() {
     assert_eq!(r.end.reserved, 40 * MB);
     assert!(r.check.consistent, "{:?}", r.check);
 }
+
+#[test]
+fn the_preview_says_before_the_replay_what_the_replay_finds() {
+    let base = 1 << 40;
+    let orphan_free = snap(
+        vec![segment(
+            base,
+            20 * MB,
+            vec![(base, MB, ActiveAllocated), (base + MB, 19 * MB, Inactive)],
+        )],
+        vec![
+            ev(FreeRequested, base + MB, 2 * MB),
+            ev(FreeCompleted, base + MB, 2 * MB),
+        ],
+    );
+    let failed = snap(
+        vec![],
+        vec![ev(SegmentAlloc, base, 20 * MB), ev(Oom, 123, 40 * MB)],
+    );
+    for (s, complete, has_oom) in [(orphan_free, false, false), (failed, true, true)] {
+        let prepared = prepare(&s, 0, SizeModel::Allocator);
+        let preview = prepared.preview();
+        assert_eq!(preview.history.complete, complete);
+        assert_eq!(preview.has_oom, has_oom);
+        let r = prepared.run();
+        assert_eq!(r.preview(), preview);
+        assert_eq!(r.allocated, replay(&s, 0, SizeModel::Allocator).allocated);
+    }
+}

@@ -1155,6 +1155,16 @@ fn load_split(
     None
 }
 
+/// Whether a compressed file is decompressed on a thread of its own, ahead of the decoder: when
+/// the decoder may use more than one core (`threads`, 0 for one per core).
+fn read_ahead(threads: usize) -> bool {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match threads {
+        0 => cores > 1,
+        n => n > 1 && cores > 1,
+    }
+}
+
 /// Decodes a snapshot from an uncompressed pickle stream.
 pub fn from_pickle<R: Read>(input: R, limits: Limits) -> Result<Snapshot, ErrorKind> {
     let mut compactor = EntryCompactor::new();
@@ -1181,7 +1191,8 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<Snapshot, Error> {
         Some(snap) => (snap, pickle::Compression::None, total),
         None => {
             let (reader, compression, file_bytes) =
-                pickle::source::open(path, on_read()).map_err(|e| wrap(ErrorKind::Io(e)))?;
+                pickle::source::open(path, on_read(), read_ahead(options.threads))
+                    .map_err(|e| wrap(ErrorKind::Io(e)))?;
             let mut limits = options.limits;
             if limits.size_hint == 0 {
                 // Snapshots compress about 10-20x; a generous guess only reserves address

@@ -96,36 +96,147 @@ impl Default for FlatAdopted {
 /// Lists of memo fetches already adopted, by their bytes, while no memo entry they may fetch
 /// has changed ([`super::Memo::overwrites`]). A snapshot repeats a few thousand frame lists
 /// in hundreds of thousands of entries.
+///
+/// A program allocates in the same order step after step, so the list that comes next is
+/// mostly one that followed the previous list before: the two lists last seen after each are
+/// kept, and the window is compared with them before its run of fetches is scanned and
+/// hashed (a hit needs the same bytes followed by `APPENDS`, which is what makes the run the
+/// same run).
 #[derive(Default)]
 pub(super) struct SeenLists {
-    by_bytes: rustc_hash::FxHashMap<Box<[u8]>, Value>,
-    bytes: usize,
+    /// The runs' bytes, one after the other.
+    arena: Vec<u8>,
+    runs: Vec<SeenRun>,
+    /// The first run of each hash of bytes (the others with it follow [`SeenRun::same_hash`]).
+    by_hash: rustc_hash::FxHashMap<u64, u32>,
+    /// The run of the last dict read here, while it is one of `runs`.
+    last: Option<u32>,
     overwrites: u64,
 }
 
+/// A run of fetches seen before.
+struct SeenRun {
+    /// Where its bytes lie in [`SeenLists::arena`].
+    at: usize,
+    len: usize,
+    fetches: u32,
+    /// What the adopter replaced the list by.
+    value: Value,
+    /// The runs seen right after this one, latest first ([`NO_RUN`] where none).
+    next: [u32; 2],
+    /// The next run of the same hash, or [`NO_RUN`].
+    same_hash: u32,
+}
+
+/// No run.
+const NO_RUN: u32 = u32::MAX;
+
 /// What [`SeenLists`] may hold, in bytes of fetches (beyond this it starts again).
 const SEEN_BYTES: usize = 8 << 20;
+
+/// A hit of [`SeenLists`]: the run's index, its length in bytes and fetches, and the list's
+/// replacement.
+#[derive(Clone, Copy)]
+struct SeenHit {
+    run: u32,
+    len: usize,
+    fetches: u32,
+    value: Value,
+}
+
+fn hash_bytes(bytes: &[u8]) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = rustc_hash::FxBuildHasher.build_hasher();
+    h.write(bytes);
+    h.finish()
+}
 
 impl SeenLists {
     /// Forgets every list if a memo entry changed since they were seen, or if `room` more bytes
     /// would not fit.
     fn forget_if_stale(&mut self, overwrites: u64, room: usize) {
-        if overwrites != self.overwrites || self.bytes + room > SEEN_BYTES {
-            self.by_bytes.clear();
-            self.bytes = 0;
+        if overwrites != self.overwrites || self.arena.len() + room > SEEN_BYTES {
+            self.arena.clear();
+            self.runs.clear();
+            self.by_hash.clear();
+            self.last = None;
             self.overwrites = overwrites;
         }
     }
 
-    fn get(&mut self, fetches: &[u8], overwrites: u64) -> Option<Value> {
-        self.forget_if_stale(overwrites, 0);
-        self.by_bytes.get(fetches).copied()
+    fn hit(&self, k: u32) -> SeenHit {
+        let r = &self.runs[k as usize];
+        SeenHit {
+            run: k,
+            len: r.len,
+            fetches: r.fetches,
+            value: r.value,
+        }
     }
 
-    fn insert(&mut self, fetches: &[u8], v: Value, overwrites: u64) {
+    fn bytes(&self, k: u32) -> &[u8] {
+        let r = &self.runs[k as usize];
+        &self.arena[r.at..r.at + r.len]
+    }
+
+    /// One of the lists that followed the last one before, if `w` starts with its run and
+    /// `APPENDS`.
+    fn predicted(&mut self, w: &[u8], overwrites: u64) -> Option<SeenHit> {
+        self.forget_if_stale(overwrites, 0);
+        let last = self.last?;
+        let next = self.runs[last as usize].next;
+        next.into_iter().filter(|&k| k != NO_RUN).find_map(|k| {
+            let bytes = self.bytes(k);
+            let n = bytes.len();
+            (w.get(n) == Some(&op::APPENDS) && w[..n] == *bytes).then(|| self.hit(k))
+        })
+    }
+
+    /// The list whose run of fetches is `fetches` (ending before `APPENDS`), if seen before.
+    fn get(&mut self, fetches: &[u8], overwrites: u64) -> Option<SeenHit> {
+        self.forget_if_stale(overwrites, 0);
+        let mut k = *self.by_hash.get(&hash_bytes(fetches))?;
+        while k != NO_RUN {
+            if self.bytes(k) == fetches {
+                return Some(self.hit(k));
+            }
+            k = self.runs[k as usize].same_hash;
+        }
+        None
+    }
+
+    /// Keeps a list not seen before: its run of `count` fetches, replaced by `value`.
+    fn insert(&mut self, fetches: &[u8], count: u32, value: Value, overwrites: u64) -> SeenHit {
         self.forget_if_stale(overwrites, fetches.len());
-        self.bytes += fetches.len();
-        self.by_bytes.insert(fetches.into(), v);
+        let k = self.runs.len() as u32;
+        let first = self.by_hash.entry(hash_bytes(fetches)).or_insert(NO_RUN);
+        let same_hash = std::mem::replace(first, k);
+        self.runs.push(SeenRun {
+            at: self.arena.len(),
+            len: fetches.len(),
+            fetches: count,
+            value,
+            next: [NO_RUN; 2],
+            same_hash,
+        });
+        self.arena.extend_from_slice(fetches);
+        self.hit(k)
+    }
+
+    /// Notes that run `k` followed the last one; `None` when the dict just read had no list of
+    /// `runs` (a free's entry fetches its block's list whole): the last one stays the last.
+    fn followed(&mut self, k: Option<u32>) {
+        let Some(k) = k else {
+            return;
+        };
+        if let Some(last) = self.last {
+            let next = &mut self.runs[last as usize].next;
+            if next[0] != k {
+                next[1] = next[0];
+                next[0] = k;
+            }
+        }
+        self.last = Some(k);
     }
 }
 
@@ -144,10 +255,11 @@ pub(super) struct FlatScratch {
     pairs: Vec<(Value, Value)>,
     /// The pair that holds the list.
     list_at: Option<usize>,
-    /// The list is a run of fetches seen before: what it was replaced by.
-    seen: Option<Value>,
-    /// Where in the window the list's run of fetches lies, when it is one.
-    run: Option<(usize, usize)>,
+    /// The list is a run of fetches seen before.
+    seen: Option<SeenHit>,
+    /// Where in the window the list's run of fetches lies, and how many fetches it holds,
+    /// when it is one not seen before.
+    run: Option<(usize, usize, u32)>,
     items: Vec<FlatItem>,
     inner: Vec<(u32, u32)>,
     inner_pairs: Vec<(Value, Value)>,
@@ -260,10 +372,16 @@ impl<A: Adopter> Vm<'_, A> {
         let (consumed, ops, values) = (c.pos, c.ops, c.values);
         let taken = read && self.adopt_read(&mut s);
         if taken {
-            if let (Some((from, to)), true) = (s.run, s.adopted.list_reusable) {
-                self.seen_lists
-                    .insert(&w[from..to], s.adopted.list, self.memo.overwrites());
-            }
+            let overwrites = self.memo.overwrites();
+            let current = match (s.seen, s.run) {
+                (Some(seen), _) => Some(seen.run),
+                (None, Some((from, to, n))) if s.adopted.list_reusable => {
+                    let v = s.adopted.list;
+                    Some(self.seen_lists.insert(&w[from..to], n, v, overwrites).run)
+                }
+                _ => None,
+            };
+            self.seen_lists.followed(current);
             r.advance(consumed);
             self.commit(&mut s, ops, values);
         }
@@ -287,7 +405,7 @@ impl<A: Adopter> Vm<'_, A> {
         let dict = FlatDict {
             pairs: &mut s.pairs,
             list: s.list_at.map(|i| match s.seen {
-                Some(v) => (i, FlatList::Seen(v)),
+                Some(hit) => (i, FlatList::Seen(hit.value)),
                 None => (i, FlatList::Items(&s.items)),
             }),
             inner: &s.inner,
@@ -380,15 +498,27 @@ impl<A: Adopter> Vm<'_, A> {
         self.memo_op(c, s, Pending::List)?;
         if c.peek()? == op::MARK {
             c.step(1);
-            if let Some((end, n)) = fetch_run(c.w, c.pos) {
-                let overwrites = self.memo.overwrites();
-                if let Some(v) = self.seen_lists.get(&c.w[c.pos..end], overwrites) {
-                    // the fetches and the APPENDS, as the loop below would count them
-                    (c.pos, c.ops, c.values) = (end + 1, c.ops + n + 1, c.values + n as u64);
-                    s.seen = Some(v);
-                    return Some(());
-                }
-                s.run = Some((c.pos, end));
+            let overwrites = self.memo.overwrites();
+            let seen = match self.seen_lists.predicted(&c.w[c.pos..], overwrites) {
+                Some(hit) => Some(hit),
+                None => match fetch_run(c.w, c.pos) {
+                    Some((end, n)) => {
+                        let hit = self.seen_lists.get(&c.w[c.pos..end], overwrites);
+                        if hit.is_none() {
+                            s.run = Some((c.pos, end, n));
+                        }
+                        hit
+                    }
+                    None => None,
+                },
+            };
+            if let Some(hit) = seen {
+                // the fetches and the APPENDS, as the loop below would count them
+                let n = hit.fetches;
+                (c.pos, c.ops, c.values) =
+                    (c.pos + hit.len + 1, c.ops + n + 1, c.values + n as u64);
+                s.seen = Some(hit);
+                return Some(());
             }
             loop {
                 if c.peek()? == op::APPENDS {
@@ -564,5 +694,80 @@ impl<A: Adopter> Vm<'_, A> {
         c.step(len);
         s.pending.push(what);
         Some(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run of `BINGET`s of `indices`, and the window holding it with `APPENDS` after it.
+    fn run(indices: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        let fetches: Vec<u8> = indices.iter().flat_map(|&i| [op::BINGET, i]).collect();
+        let mut window = fetches.clone();
+        window.push(op::APPENDS);
+        window.extend_from_slice(&[op::SETITEMS, op::APPENDS]);
+        (fetches, window)
+    }
+
+    #[test]
+    fn the_list_that_followed_before_is_predicted_and_only_where_its_run_ends() {
+        let mut seen = SeenLists::default();
+        let (a, wa) = run(&[1, 2, 3]);
+        let (b, wb) = run(&[1, 2, 4, 5]);
+        let (c, wc) = run(&[6]);
+        let hit_a = seen.insert(&a, 3, Value::Handle(2, 0), 0);
+        seen.followed(Some(hit_a.run));
+        let hit_b = seen.insert(&b, 4, Value::Handle(2, 1), 0);
+        seen.followed(Some(hit_b.run));
+        let hit_c = seen.insert(&c, 1, Value::Handle(2, 2), 0);
+        seen.followed(Some(hit_c.run));
+        // after c, nothing has followed yet
+        assert!(seen.predicted(&wb, 0).is_none());
+        seen.followed(Some(hit_a.run));
+        // after a came b: predicted with its length, fetches and value
+        let p = seen.predicted(&wb, 0).expect("b follows a");
+        assert_eq!((p.run, p.len, p.fetches), (hit_b.run, b.len(), 4));
+        assert_eq!(p.value, Value::Handle(2, 1));
+        // the same bytes without APPENDS after them are another (longer) run
+        let mut longer = b.clone();
+        longer.extend_from_slice(&[op::BINGET, 9, op::APPENDS]);
+        assert!(seen.predicted(&longer, 0).is_none());
+        // a run that starts like b but is shorter is not b
+        assert!(seen.predicted(&wa, 0).is_none());
+        // what is found by its bytes is found whether predicted or not
+        assert_eq!(seen.get(&c, 0).map(|h| h.run), Some(hit_c.run));
+        assert!(seen.get(&wc, 0).is_none());
+        // a changed memo entry forgets everything
+        assert!(seen.predicted(&wb, 1).is_none());
+        assert!(seen.get(&b, 1).is_none());
+    }
+
+    #[test]
+    fn two_lists_after_one_are_both_predicted() {
+        let mut seen = SeenLists::default();
+        let runs: Vec<(Vec<u8>, Vec<u8>)> = [&[1u8][..], &[2], &[3]].map(run).into();
+        let hits: Vec<SeenHit> = runs
+            .iter()
+            .enumerate()
+            .map(|(k, (r, _))| seen.insert(r, 1, Value::Handle(2, k as u32), 0))
+            .collect();
+        // 0 then 1, 0 then 2
+        for next in [1, 2] {
+            seen.followed(Some(hits[0].run));
+            seen.followed(Some(hits[next].run));
+        }
+        seen.followed(Some(hits[0].run));
+        assert_eq!(
+            seen.predicted(&runs[1].1, 0).map(|h| h.run),
+            Some(hits[1].run)
+        );
+        assert_eq!(
+            seen.predicted(&runs[2].1, 0).map(|h| h.run),
+            Some(hits[2].run)
+        );
+        // a list without a run of its own keeps the last one the last
+        seen.followed(None);
+        assert!(seen.predicted(&runs[2].1, 0).is_some());
     }
 }
