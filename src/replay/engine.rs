@@ -268,25 +268,27 @@ impl Prepared<'_> {
 
     /// Replays every event from the state rebuilt for trace start.
     pub fn run(self) -> Replay {
-        let Prepared {
-            replayer: mut this,
-            preexisting,
-            preview,
-        } = self;
-        let start = this.start_totals();
-        let start_layout = this.start_layout();
-        let mut rec = Recording::new(this.events.len(), start, preexisting, this.misplaced);
+        self.replayer.run(self.preexisting, self.preview.history)
+    }
+}
+
+impl Replayer<'_> {
+    /// Replays every event from the state [`Replayer::prepare`] rebuilt.
+    fn run(mut self, preexisting: Vec<Preexisting>, history: History) -> Replay {
+        let start = self.start_totals();
+        let start_layout = self.start_layout();
+        let mut rec = Recording::new(self.events.len(), start, preexisting, self.misplaced);
         // The earliest time, not the first: a clock that goes backwards (an anomaly the report
         // counts) must not make offsets negative.
-        let t0 = this
+        let t0 = self
             .events
             .iter()
             .map(|e| e.time_us)
             .filter(|&t| t != 0)
             .min();
         let t0 = t0.unwrap_or(0);
-        for (i, e) in this.events.iter().enumerate() {
-            this.apply(i, e, &mut rec);
+        for (i, e) in self.events.iter().enumerate() {
+            self.apply(i, e, &mut rec);
             let offset = if e.time_us != 0 {
                 e.time_us.saturating_sub(t0)
             } else {
@@ -294,7 +296,7 @@ impl Prepared<'_> {
             };
             rec.close_event(i, offset, start.reserved);
         }
-        let t_end = this
+        let t_end = self
             .events
             .iter()
             .map(|e| e.time_us)
@@ -304,8 +306,8 @@ impl Prepared<'_> {
         let anomalies = rec.anomalies;
         let oversized = std::mem::take(&mut rec.oversized);
         let mut replay = Replay {
-            device: this.device,
-            model: this.model,
+            device: self.device,
+            model: self.model,
             allocated: rec.allocated,
             requested: rec.requested,
             reserved_changes: rec.reserved_changes,
@@ -315,29 +317,27 @@ impl Prepared<'_> {
             start,
             end: rec.t,
             peaks: rec.peaks,
-            history: preview.history,
+            history,
             check: EndCheck::default(),
             ooms: rec.ooms,
             time_span_us: (t0, t_end),
             start_layout,
         };
-        replay.check = this.check_end(&replay, anomalies);
+        replay.check = self.check_end(&replay, anomalies);
         for (i, size) in oversized {
             replay.check.consistent = false;
             replay.check.examples.push(format!(
                 "event {i}: {} of {size} bytes, more than any GPU holds (over 2^48): skipped, \
                  as the allocator would have refused it",
-                this.events[i].action.as_str()
+                self.events[i].action.as_str()
             ));
         }
-        if this.model == SizeModel::Rounded {
+        if self.model == SizeModel::Rounded {
             anchor_at_end(&mut replay);
         }
         replay
     }
-}
 
-impl Replayer<'_> {
     /// The segments and blocks rebuilt for trace start.
     fn start_layout(&self) -> Vec<StartSegment> {
         let mut by_address: Vec<(u64, Blk)> =

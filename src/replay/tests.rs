@@ -89,17 +89,22 @@ fn unsplit_block_counts_whole() {
     assert_eq!(r.allocated, vec![MB, 16 * MB, 20 * MB]);
 }
 
+/// A 20 MiB segment at `base` whose first MiB is a live block, the rest free.
+fn segment_with_a_live_block(base: u64) -> Segment {
+    segment(
+        base,
+        20 * MB,
+        vec![(base, MB, ActiveAllocated), (base + MB, 19 * MB, Inactive)],
+    )
+}
+
 #[test]
 fn preexisting_blocks_and_orphan_frees() {
     let base = 1 << 40;
     // Block A (1 MiB) alive before the trace and still at the end; block B (2 MiB) allocated
     // before the trace and freed in it; C allocated and freed in the trace.
     let s = snap(
-        vec![segment(
-            base,
-            20 * MB,
-            vec![(base, MB, ActiveAllocated), (base + MB, 19 * MB, Inactive)],
-        )],
+        vec![segment_with_a_live_block(base)],
         vec![
             ev(FreeRequested, base + MB, 2 * MB),
             ev(FreeCompleted, base + MB, 2 * MB),
@@ -212,11 +217,7 @@ fn expandable_segment_grows_and_shrinks() {
 fn the_preview_says_before_the_replay_what_the_replay_finds() {
     let base = 1 << 40;
     let orphan_free = snap(
-        vec![segment(
-            base,
-            20 * MB,
-            vec![(base, MB, ActiveAllocated), (base + MB, 19 * MB, Inactive)],
-        )],
+        vec![segment_with_a_live_block(base)],
         vec![
             ev(FreeRequested, base + MB, 2 * MB),
             ev(FreeCompleted, base + MB, 2 * MB),

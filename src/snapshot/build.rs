@@ -1155,14 +1155,20 @@ fn load_split(
     None
 }
 
-/// Whether a compressed file is decompressed on a thread of its own, ahead of the decoder: when
-/// the decoder may use more than one core (`threads`, 0 for one per core).
-fn read_ahead(threads: usize) -> bool {
+/// The threads decoding a file may use: `threads` ([`LoadOptions::threads`], 0 for one per
+/// core), at most one per core.
+pub(crate) fn usable_threads(threads: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     match threads {
-        0 => cores > 1,
-        n => n > 1 && cores > 1,
+        0 => cores,
+        n => n.min(cores),
     }
+}
+
+/// Whether a compressed file is decompressed on a thread of its own, ahead of the decoder: when
+/// the decoder may use more than one core.
+fn read_ahead(threads: usize) -> bool {
+    usable_threads(threads) > 1
 }
 
 /// Decodes a snapshot from an uncompressed pickle stream.

@@ -376,11 +376,7 @@ fn part_count(len: u64, limits: &Limits, threads: usize) -> usize {
     if len > limits.caps.max_size || len > MAX_SPLIT {
         return 1;
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = match threads {
-        0 => cores,
-        n => n.min(cores),
-    };
+    let threads = super::build::usable_threads(threads);
     if threads < MIN_THREADS {
         return 1;
     }

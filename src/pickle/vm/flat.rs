@@ -134,6 +134,18 @@ const NO_RUN: u32 = u32::MAX;
 /// What [`SeenLists`] may hold, in bytes of fetches (beyond this it starts again).
 const SEEN_BYTES: usize = 8 << 20;
 
+/// What [`SeenLists::find`] finds at a list's first item.
+enum Found {
+    Seen(SeenHit),
+    /// A run of `fetches` fetches, ending before the `APPENDS` at `end`, not seen before.
+    New {
+        end: usize,
+        fetches: u32,
+    },
+    /// Not a run of fetches ended by `APPENDS`.
+    NotARun,
+}
+
 /// A hit of [`SeenLists`]: the run's index, its length in bytes and fetches, and the list's
 /// replacement.
 #[derive(Clone, Copy)]
@@ -179,10 +191,26 @@ impl SeenLists {
         &self.arena[r.at..r.at + r.len]
     }
 
+    /// What the window holds from `pos`, the first item of a list, with the memo's
+    /// `overwrites` count now: a run seen before (predicted, or found by its bytes), a run of
+    /// fetches not seen yet, or something else.
+    fn find(&mut self, w: &[u8], pos: usize, overwrites: u64) -> Found {
+        self.forget_if_stale(overwrites, 0);
+        if let Some(hit) = self.predicted(&w[pos..]) {
+            return Found::Seen(hit);
+        }
+        let Some((end, fetches)) = fetch_run(w, pos) else {
+            return Found::NotARun;
+        };
+        match self.get(&w[pos..end]) {
+            Some(hit) => Found::Seen(hit),
+            None => Found::New { end, fetches },
+        }
+    }
+
     /// One of the lists that followed the last one before, if `w` starts with its run and
     /// `APPENDS`.
-    fn predicted(&mut self, w: &[u8], overwrites: u64) -> Option<SeenHit> {
-        self.forget_if_stale(overwrites, 0);
+    fn predicted(&self, w: &[u8]) -> Option<SeenHit> {
         let last = self.last?;
         let next = self.runs[last as usize].next;
         next.into_iter().filter(|&k| k != NO_RUN).find_map(|k| {
@@ -193,8 +221,7 @@ impl SeenLists {
     }
 
     /// The list whose run of fetches is `fetches` (ending before `APPENDS`), if seen before.
-    fn get(&mut self, fetches: &[u8], overwrites: u64) -> Option<SeenHit> {
-        self.forget_if_stale(overwrites, 0);
+    fn get(&self, fetches: &[u8]) -> Option<SeenHit> {
         let mut k = *self.by_hash.get(&hash_bytes(fetches))?;
         while k != NO_RUN {
             if self.bytes(k) == fetches {
@@ -498,27 +525,17 @@ impl<A: Adopter> Vm<'_, A> {
         self.memo_op(c, s, Pending::List)?;
         if c.peek()? == op::MARK {
             c.step(1);
-            let overwrites = self.memo.overwrites();
-            let seen = match self.seen_lists.predicted(&c.w[c.pos..], overwrites) {
-                Some(hit) => Some(hit),
-                None => match fetch_run(c.w, c.pos) {
-                    Some((end, n)) => {
-                        let hit = self.seen_lists.get(&c.w[c.pos..end], overwrites);
-                        if hit.is_none() {
-                            s.run = Some((c.pos, end, n));
-                        }
-                        hit
-                    }
-                    None => None,
-                },
-            };
-            if let Some(hit) = seen {
-                // the fetches and the APPENDS, as the loop below would count them
-                let n = hit.fetches;
-                (c.pos, c.ops, c.values) =
-                    (c.pos + hit.len + 1, c.ops + n + 1, c.values + n as u64);
-                s.seen = Some(hit);
-                return Some(());
+            match self.seen_lists.find(c.w, c.pos, self.memo.overwrites()) {
+                Found::Seen(hit) => {
+                    // the fetches and the APPENDS, as the loop below would count them
+                    let n = hit.fetches;
+                    (c.pos, c.ops, c.values) =
+                        (c.pos + hit.len + 1, c.ops + n + 1, c.values + n as u64);
+                    s.seen = Some(hit);
+                    return Some(());
+                }
+                Found::New { end, fetches } => s.run = Some((c.pos, end, fetches)),
+                Found::NotARun => {}
             }
             loop {
                 if c.peek()? == op::APPENDS {
@@ -710,6 +727,18 @@ mod tests {
         (fetches, window)
     }
 
+    /// [`SeenLists::predicted`] with the memo's overwrites count at `overwrites`.
+    fn predicted(seen: &mut SeenLists, w: &[u8], overwrites: u64) -> Option<SeenHit> {
+        seen.forget_if_stale(overwrites, 0);
+        seen.predicted(w)
+    }
+
+    /// [`SeenLists::get`] with the memo's overwrites count at `overwrites`.
+    fn get(seen: &mut SeenLists, fetches: &[u8], overwrites: u64) -> Option<SeenHit> {
+        seen.forget_if_stale(overwrites, 0);
+        seen.get(fetches)
+    }
+
     #[test]
     fn the_list_that_followed_before_is_predicted_and_only_where_its_run_ends() {
         let mut seen = SeenLists::default();
@@ -723,24 +752,24 @@ mod tests {
         let hit_c = seen.insert(&c, 1, Value::Handle(2, 2), 0);
         seen.followed(Some(hit_c.run));
         // after c, nothing has followed yet
-        assert!(seen.predicted(&wb, 0).is_none());
+        assert!(predicted(&mut seen, &wb, 0).is_none());
         seen.followed(Some(hit_a.run));
         // after a came b: predicted with its length, fetches and value
-        let p = seen.predicted(&wb, 0).expect("b follows a");
+        let p = predicted(&mut seen, &wb, 0).expect("b follows a");
         assert_eq!((p.run, p.len, p.fetches), (hit_b.run, b.len(), 4));
         assert_eq!(p.value, Value::Handle(2, 1));
         // the same bytes without APPENDS after them are another (longer) run
         let mut longer = b.clone();
         longer.extend_from_slice(&[op::BINGET, 9, op::APPENDS]);
-        assert!(seen.predicted(&longer, 0).is_none());
+        assert!(predicted(&mut seen, &longer, 0).is_none());
         // a run that starts like b but is shorter is not b
-        assert!(seen.predicted(&wa, 0).is_none());
+        assert!(predicted(&mut seen, &wa, 0).is_none());
         // what is found by its bytes is found whether predicted or not
-        assert_eq!(seen.get(&c, 0).map(|h| h.run), Some(hit_c.run));
-        assert!(seen.get(&wc, 0).is_none());
+        assert_eq!(get(&mut seen, &c, 0).map(|h| h.run), Some(hit_c.run));
+        assert!(get(&mut seen, &wc, 0).is_none());
         // a changed memo entry forgets everything
-        assert!(seen.predicted(&wb, 1).is_none());
-        assert!(seen.get(&b, 1).is_none());
+        assert!(predicted(&mut seen, &wb, 1).is_none());
+        assert!(get(&mut seen, &b, 1).is_none());
     }
 
     #[test]
@@ -759,15 +788,15 @@ mod tests {
         }
         seen.followed(Some(hits[0].run));
         assert_eq!(
-            seen.predicted(&runs[1].1, 0).map(|h| h.run),
+            predicted(&mut seen, &runs[1].1, 0).map(|h| h.run),
             Some(hits[1].run)
         );
         assert_eq!(
-            seen.predicted(&runs[2].1, 0).map(|h| h.run),
+            predicted(&mut seen, &runs[2].1, 0).map(|h| h.run),
             Some(hits[2].run)
         );
         // a list without a run of its own keeps the last one the last
         seen.followed(None);
-        assert!(seen.predicted(&runs[2].1, 0).is_some());
+        assert!(predicted(&mut seen, &runs[2].1, 0).is_some());
     }
 }
