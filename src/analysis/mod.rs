@@ -155,20 +155,16 @@ pub fn analyse_device<'s>(
         || attribute::label(snap, &preview, &options.attribution),
     );
     let attribution = labelled.finish(snap, &replay, &options.attribution);
-    let peak = replay.peaks.allocated;
-    let live = breakdown::live_at(snap, &replay, &attribution, peak.event);
-    let mut keyer = Keyer::new(snap, &attribution);
-    let peak_breakdown = Dimension::ALL
-        .into_iter()
-        .map(|d| {
-            let mut shares = breakdown::group(&mut keyer, d, &live);
-            let before = keyer.key(d, &attribute::Label::BEFORE_TRACE, Default::default());
-            reconcile(&mut shares, peak.bytes, &before);
-            (d, shares)
-        })
-        .collect();
-    let peak_place = peak_place(snap, &replay, &attribution);
-    let steps = breakdown::step_table(snap, &replay, &attribution);
+    // the peak's breakdown and the step table each read the whole trace: side by side too
+    let ((peak_breakdown, peak_place), steps) = rayon::join(
+        || {
+            (
+                peak_breakdown(snap, &replay, &attribution),
+                peak_place(snap, &replay, &attribution),
+            )
+        },
+        || breakdown::step_table(snap, &replay, &attribution),
+    );
     DeviceAnalysis {
         snap,
         peak_place,
@@ -177,6 +173,23 @@ pub fn analyse_device<'s>(
         replay,
         attribution,
     }
+}
+
+/// What was live at the allocated peak, grouped by each dimension, and reconciled with the
+/// peak's bytes.
+fn peak_breakdown(snap: &Snapshot, r: &Replay, a: &Attribution) -> Vec<(Dimension, Vec<Share>)> {
+    let peak = r.peaks.allocated;
+    let live = breakdown::live_at(snap, r, a, peak.event);
+    let mut keyer = Keyer::new(snap, a);
+    Dimension::ALL
+        .into_iter()
+        .map(|d| {
+            let mut shares = breakdown::group(&mut keyer, d, &live);
+            let before = keyer.key(d, &attribute::Label::BEFORE_TRACE, Default::default());
+            reconcile(&mut shares, peak.bytes, &before);
+            (d, shares)
+        })
+        .collect()
 }
 
 /// Where the allocated peak was reached: the labels of the allocation that reached it (the

@@ -153,6 +153,22 @@ impl Memo {
         }
     }
 
+    /// Stores `v` after the last entry, where no entry was stored out of order (what
+    /// [`Memo::put`] does at [`Memo::len`] then, without its checks).
+    #[inline(always)]
+    pub(crate) fn push(&mut self, v: Value) {
+        debug_assert!(self.sparse.is_empty());
+        let p = self.pack(v);
+        self.dense.push(p);
+    }
+
+    /// The string stored at `index` in order, if that is what it holds.
+    #[inline(always)]
+    pub(crate) fn str_at(&self, index: u64) -> Option<StrId> {
+        let p = *self.dense.get(usize::try_from(index).ok()?)?;
+        (p >> TAG_SHIFT == TAG_STR).then_some(StrId((p & ((1 << TAG_SHIFT) - 1)) as u32))
+    }
+
     /// The entry at `index`, if stored.
     #[inline(always)]
     pub(crate) fn get(&self, index: u64) -> Option<Value> {
@@ -206,5 +222,34 @@ mod tests {
         memo.replace(12345, Value::Int(3));
         assert_eq!(memo.get(0), Some(Value::Int(3)));
         assert_eq!(memo.get(12345), None);
+    }
+
+    /// What the fast path of the decoder uses: appending as `put` at the end does, and reading
+    /// a string without unpacking any other kind of entry.
+    #[test]
+    fn pushed_entries_read_as_put_ones_and_only_strings_are_strings() {
+        let mut heap = Heap::default();
+        let l = heap.new_list(vec![]);
+        let values = [
+            Value::Str(StrId(9)),
+            Value::Handle(2, 5),
+            Value::List(l),
+            Value::Int(4),
+        ];
+        let (mut pushed, mut put) = (Memo::default(), Memo::default());
+        for (i, &v) in values.iter().enumerate() {
+            pushed.push(v);
+            put.put(i as u64, v);
+        }
+        for i in 0..values.len() as u64 {
+            assert_eq!(pushed.get(i), put.get(i));
+        }
+        assert_eq!(
+            (pushed.len(), pushed.overwrites()),
+            (put.len(), put.overwrites())
+        );
+        let strings: Vec<_> = (0..6).map(|i| pushed.str_at(i)).collect();
+        assert_eq!(strings, [Some(StrId(9)), None, None, None, None, None]);
+        assert_eq!(pushed.str_at(u64::MAX), None);
     }
 }

@@ -153,14 +153,15 @@ impl<'a> Replayer<'a> {
             .filter(|b| b.state != BlockState::Inactive)
             .map(|b| (b.address, b.stack))
             .collect();
-        // Frees whose alloc came before the first event.
-        let mut by_first: Vec<(u64, usize)> = first.iter().map(|(&a, &i)| (a, i)).collect();
+        // Frees whose alloc came before the first event (only those are put in order).
+        let mut by_first: Vec<(u64, usize)> = first
+            .iter()
+            .filter(|&(_, &i)| self.events[i].action != Action::Alloc)
+            .map(|(&a, &i)| (a, i))
+            .collect();
         by_first.sort_unstable_by_key(|&(_, i)| i);
         for (addr, i) in by_first {
             let e = &self.events[i];
-            if e.action == Action::Alloc {
-                continue;
-            }
             if e.action == Action::FreeRequested {
                 frees_without_alloc += 1;
             }

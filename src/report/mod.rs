@@ -17,7 +17,7 @@ use serde::Serialize;
 use crate::analysis::{DeviceAnalysis, Dimension, PeakPlace, Share, StepRow};
 use crate::attribute::{PipelineInfo, Preset};
 use crate::replay::{EndCheck, Oom, SizeModel};
-use crate::snapshot::{BlockState, Snapshot, SourceInfo};
+use crate::snapshot::{BlockState, Snapshot, SourceInfo, StackId};
 
 /// Allocation sites kept in a report (the text shows fewer).
 pub const TOP_SITES: usize = 50;
@@ -152,55 +152,66 @@ pub struct FileReport {
 
 /// Which stacks a device's events carry.
 pub fn stack_kind(snap: &Snapshot, device: u32) -> StackKind {
-    let mut python = false;
-    let mut cpp = false;
-    for e in snap.trace(device) {
-        for frame in snap.stacks.frames(e.stack) {
-            if frame.line > 0 {
-                python = true;
-            } else {
-                cpp = true;
+    TraceFacts::of(snap, device).stacks
+}
+
+/// What the report reads off a device's events, in one pass over them.
+struct TraceFacts {
+    /// Microseconds from the earliest to the latest recorded time (0 without times); never
+    /// negative, even when the clock went backwards.
+    span_us: i64,
+    /// Events whose time is earlier than that of the event before them (events without a
+    /// time left out).
+    out_of_order: u64,
+    unknown_actions: u64,
+    stacks: StackKind,
+}
+
+impl TraceFacts {
+    fn of(snap: &Snapshot, device: u32) -> TraceFacts {
+        let (mut lo, mut hi) = (i64::MAX, i64::MIN);
+        let mut last = i64::MIN;
+        let (mut out_of_order, mut unknown_actions) = (0, 0);
+        // each stack's frames are looked at once, however many events carry it
+        let mut used = vec![false; snap.stacks.stack_count()];
+        for e in snap.trace(device) {
+            if e.time_us != 0 {
+                lo = lo.min(e.time_us);
+                hi = hi.max(e.time_us);
+                out_of_order += u64::from(e.time_us < last);
+                last = e.time_us;
+            }
+            unknown_actions += u64::from(e.action == crate::snapshot::Action::Unknown);
+            if let Some(u) = used.get_mut(e.stack.0 as usize) {
+                *u = true;
             }
         }
-        if python && cpp {
-            break;
+        let (mut python, mut cpp) = (false, false);
+        let used_stacks = used.iter().enumerate().filter(|(_, &u)| u);
+        for (id, _) in used_stacks {
+            for frame in snap.stacks.frames(StackId(id as u32)) {
+                if frame.line > 0 {
+                    python = true;
+                } else {
+                    cpp = true;
+                }
+            }
+            if python && cpp {
+                break;
+            }
+        }
+        TraceFacts {
+            span_us: if lo > hi { 0 } else { hi.saturating_sub(lo) },
+            out_of_order,
+            unknown_actions,
+            stacks: match (python, cpp) {
+                (false, false) => StackKind::None,
+                (true, false) => StackKind::Python,
+                (true, true) => StackKind::PythonAndCpp,
+                (false, true) => StackKind::Cpp,
+            },
         }
     }
-    match (python, cpp) {
-        (false, false) => StackKind::None,
-        (true, false) => StackKind::Python,
-        (true, true) => StackKind::PythonAndCpp,
-        (false, true) => StackKind::Cpp,
-    }
-}
-
-/// Microseconds from the earliest to the latest recorded time (0 without times); never
-/// negative, even when the clock went backwards.
-fn time_span(snap: &Snapshot, device: u32) -> i64 {
-    let times = snap
-        .trace(device)
-        .iter()
-        .map(|e| e.time_us)
-        .filter(|&t| t != 0);
-    let (lo, hi) = times.fold((i64::MAX, i64::MIN), |(lo, hi), t| (lo.min(t), hi.max(t)));
-    if lo > hi {
-        0
-    } else {
-        hi.saturating_sub(lo)
-    }
-}
-
-/// Events whose time is earlier than that of the event before them.
-fn out_of_order(snap: &Snapshot, device: u32) -> u64 {
-    let mut last = i64::MIN;
-    let mut n = 0;
-    for e in snap.trace(device).iter().filter(|e| e.time_us != 0) {
-        if e.time_us < last {
-            n += 1;
-        }
-        last = e.time_us;
-    }
-    n
 }
 
 fn largest_free_block(snap: &Snapshot, device: u32) -> u64 {
@@ -230,17 +241,14 @@ impl DeviceReport {
             .cloned()
             .collect();
         let reserved_at_peak = r.reserved_at(peak.event);
+        let facts = TraceFacts::of(snap, r.device);
         DeviceReport {
             device: r.device,
             events: r.len(),
-            duration_us: time_span(snap, r.device),
-            events_out_of_time_order: out_of_order(snap, r.device),
-            unknown_actions: snap
-                .trace(r.device)
-                .iter()
-                .filter(|e| e.action == crate::snapshot::Action::Unknown)
-                .count() as u64,
-            stacks: stack_kind(snap, r.device),
+            duration_us: facts.span_us,
+            events_out_of_time_order: facts.out_of_order,
+            unknown_actions: facts.unknown_actions,
+            stacks: facts.stacks,
             trace_complete: r.history.complete,
             frees_without_alloc: r.history.frees_without_alloc,
             trace_wrapped: r.history.wrapped,
@@ -290,5 +298,69 @@ impl FileReport {
                 .map(|s| crate::simulate::AllocConf::from_settings(s).to_string()),
             devices: devices.iter().map(DeviceReport::new).collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::{Action, Frame, StrId, TraceEvent};
+
+    fn event(action: Action, time_us: i64, stack: StackId) -> TraceEvent {
+        TraceEvent {
+            addr: 0x1000,
+            size: 512,
+            time_us,
+            stream: 0,
+            stack,
+            compile_context: StrId(0),
+            user_metadata: StrId(0),
+            forward_frames: 0,
+            block_surplus: 0,
+            action,
+        }
+    }
+
+    /// The span, the clock going back, unknown actions and the kinds of stack, from one pass:
+    /// only the stacks that the device's events carry count, each however often it is used.
+    #[test]
+    fn trace_facts_count_what_the_events_carry() {
+        let mut snap = Snapshot::default();
+        let python = snap.stacks.intern_frame(Frame {
+            name: StrId(1),
+            filename: StrId(2),
+            line: 7,
+        });
+        let cpp = snap.stacks.intern_frame(Frame {
+            name: StrId(1),
+            filename: StrId(0),
+            line: 0,
+        });
+        let python_only = snap.stacks.intern_stack(&[python]);
+        let cpp_only = snap.stacks.intern_stack(&[cpp]);
+        snap.traces = vec![
+            vec![
+                event(Action::Alloc, 100, python_only),
+                event(Action::Unknown, 0, python_only),
+                event(Action::FreeRequested, 90, python_only),
+                event(Action::FreeCompleted, 130, StackId(u32::MAX)),
+            ],
+            vec![event(Action::Alloc, 5, cpp_only)],
+            vec![event(Action::Alloc, 0, StackId::EMPTY)],
+        ];
+        let facts = TraceFacts::of(&snap, 0);
+        assert_eq!(
+            facts.span_us, 40,
+            "from the earliest time to the latest, 0 left out"
+        );
+        assert_eq!(facts.out_of_order, 1);
+        assert_eq!(facts.unknown_actions, 1);
+        // device 1's C++ stack is not device 0's
+        assert_eq!(facts.stacks, StackKind::Python);
+        assert_eq!(stack_kind(&snap, 1), StackKind::Cpp);
+        assert_eq!(stack_kind(&snap, 2), StackKind::None);
+        assert_eq!(TraceFacts::of(&snap, 2).span_us, 0, "no times, no span");
+        snap.traces[0].push(event(Action::Alloc, 140, cpp_only));
+        assert_eq!(stack_kind(&snap, 0), StackKind::PythonAndCpp);
     }
 }

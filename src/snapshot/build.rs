@@ -367,7 +367,13 @@ impl Adopter for EntryCompactor {
     /// id, in the order [`Adopter::adopt`] makes them when they are stored; then the entry
     /// becomes a row, as [`Adopter::completed`] makes it. Anything else is declined.
     fn adopt_flat(&mut self, heap: &mut Heap, dict: FlatDict<'_>, out: &mut FlatAdopted) -> bool {
-        if !self.kind_of(dict.pairs).0 {
+        // what `kind_of` says of a trace entry: a flat dict's keys are strings, never deferred
+        debug_assert!(dict.pairs.iter().all(|(k, _)| matches!(k, Value::Str(_))));
+        if !dict
+            .pairs
+            .iter()
+            .any(|&(k, _)| k == Value::Str(StrId(K_ACTION)))
+        {
             return false;
         }
         out.inner.clear();
@@ -1436,6 +1442,75 @@ pub(crate) mod read_whole_tests {
             [["A", "B"], ["A", "B"], ["A", "B"], ["B", "B"]],
             "the last list fetches what the memo holds now"
         );
+    }
+
+    /// Entries read whole count the values they push as the general path does: with any
+    /// budget of values, both run out at the same opcode (or neither does), pair by pair,
+    /// whatever kind of integer or fetched string a pair holds.
+    #[test]
+    fn the_value_budget_runs_out_at_the_same_point_either_way() {
+        let mut w = trace_head();
+        let frame = {
+            let mut f = 0;
+            w.entry(0x1000, |w| f = w.frame("A", 1));
+            f
+        };
+        for k in 0..6u8 {
+            w.op(&[op::EMPTY_DICT]);
+            w.memoize();
+            w.op(&[op::MARK]);
+            w.str("action");
+            w.str(if k % 2 == 0 {
+                "alloc"
+            } else {
+                "free_requested"
+            });
+            w.str("addr");
+            w.op(&[op::LONG1, 5, 0, 0x10, k, 0, 0x7f]);
+            w.str("size");
+            w.op(&[op::BININT2, 0, 2]);
+            w.str("stream");
+            w.op(&[op::BININT1, k]);
+            w.str("time_us");
+            w.int(1000 + i32::from(k));
+            w.str("compile_context");
+            w.str("N/A");
+            w.str("frames");
+            w.op(&[op::EMPTY_LIST]);
+            w.memoize();
+            w.op(&[op::MARK]);
+            w.get(frame);
+            w.op(&[op::APPENDS, op::SETITEMS]);
+        }
+        w.op(&TRACE_TAIL);
+        assert_eq!(flat_agrees(&w.bytes), Ok(7), "every entry is read whole");
+        // the entries read whole, or the error
+        let decode = |read_whole: bool, max_values| {
+            let limits = Limits {
+                max_values,
+                ..Limits::default()
+            };
+            let error = |e: pickle::DecodeError| e.to_string();
+            if read_whole {
+                let mut a = EntryCompactor::new();
+                let decoded = pickle::decode_with(&w.bytes[..], limits, &mut a).map_err(error);
+                decoded.map(|_| a.read_whole)
+            } else {
+                let mut a = OpcodeByOpcode(EntryCompactor::new());
+                pickle::decode_with(&w.bytes[..], limits, &mut a)
+                    .map(|_| 0)
+                    .map_err(error)
+            }
+        };
+        let mut whole = 0;
+        for budget in 0..200 {
+            match (decode(true, budget), decode(false, budget)) {
+                (Ok(n), Ok(_)) => whole = whole.max(n),
+                (Err(a), Err(b)) => assert_eq!(a, b, "budget {budget}"),
+                (a, b) => panic!("budget {budget}: read whole {a:?}, opcode by opcode {b:?}"),
+            }
+        }
+        assert_eq!(whole, 7, "a budget large enough reads every entry whole");
     }
 
     /// An entry whose items were set is a row from then on, read whole or opcode by opcode: a

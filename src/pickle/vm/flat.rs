@@ -23,6 +23,10 @@
 //! dict is read here depends only on its own bytes and the memo entries it fetches, never on
 //! where a window ends: the window is topped up first.
 //!
+//! Most of an entry is pairs of a key fetched from the memo and an integer or another string
+//! fetched: such a pair is recognised at once from its bytes, before the opcode-by-opcode
+//! reading of a pair is tried.
+//!
 //! Written by hand: it is part of the VM, and no pickle library has such a path.
 
 use super::{intern_utf8, is_container, is_stand_in, long1, op, Adopter, Reader, Vm};
@@ -307,7 +311,10 @@ impl FlatScratch {
     }
 }
 
-/// Where the reading stands in the window, and what it has counted.
+/// Where the reading stands in the window, and what it has counted. Copied, not lent, to the
+/// rarely taken calls that are kept out of line, so that the dict's own reading keeps it in
+/// registers.
+#[derive(Clone, Copy)]
 struct Cursor<'w> {
     w: &'w [u8],
     pos: usize,
@@ -445,6 +452,8 @@ impl<A: Adopter> Vm<'_, A> {
     /// Stores the memo entries read, in order, with what the adopter made of them, and pushes
     /// the dict's replacement.
     fn commit(&mut self, s: &mut FlatScratch, ops: u32, values: u64) {
+        // the entries follow the last one, and none was stored out of order (`flat_dict`
+        // reads nothing otherwise); none is a container, which the heap would note
         let base = self.memo.len() as u64;
         for (k, &p) in s.pending.iter().enumerate() {
             let v = match p {
@@ -453,7 +462,9 @@ impl<A: Adopter> Vm<'_, A> {
                 Pending::Inner(i) => s.adopted.inner[i as usize],
                 Pending::Str(id) => Value::Str(id),
             };
-            self.memo_put(base + k as u64, v);
+            debug_assert!(!is_container(v));
+            self.memo.push(v);
+            self.adopter.memoized(&self.heap, base + k as u64, v);
         }
         self.values += values;
         self.since_check += ops.saturating_sub(1);
@@ -463,7 +474,9 @@ impl<A: Adopter> Vm<'_, A> {
     /// `EMPTY_DICT`, a memo entry, and its pairs in one batch: `MARK` pairs `SETITEMS`, where
     /// the general path offers the dict to [`Adopter::completed`]. (One pair and `SETITEM` is
     /// left to it: protocol 0 sets every pair so, and no later point says the dict is done.)
-    fn read_outer(&mut self, c: &mut Cursor, s: &mut FlatScratch) -> Option<()> {
+    fn read_outer(&mut self, at: &mut Cursor, s: &mut FlatScratch) -> Option<()> {
+        let mut local = *at;
+        let c = &mut local;
         if c.peek()? != op::EMPTY_DICT {
             return None;
         }
@@ -473,7 +486,9 @@ impl<A: Adopter> Vm<'_, A> {
         if c.peek()? != op::MARK {
             return None;
         }
-        self.read_pairs(c, s, true)
+        self.read_pairs(c, s, true)?;
+        *at = local;
+        Some(())
     }
 
     /// An inner dict (a frame): `EMPTY_DICT`, its memo entry and its pairs.
@@ -497,6 +512,22 @@ impl<A: Adopter> Vm<'_, A> {
             c.step(1);
         }
         loop {
+            // the commonest pairs at once: a key fetched, then an integer or a string fetched
+            // (the same opcodes and values counted as below)
+            if let (true, Some((key, at))) = (outer, self.fetched_str(c.w, c.pos)) {
+                let value = match self.common_value(c.w, at) {
+                    Some((value, end)) => {
+                        (c.pos, c.ops, c.values) = (end, c.ops + 2, c.values + 2);
+                        value
+                    }
+                    None => {
+                        (c.pos, c.ops, c.values) = (at, c.ops + 1, c.values + 1);
+                        self.outer_value(c, s)?
+                    }
+                };
+                s.pairs.push((Value::Str(key), value));
+                continue;
+            }
             if batch && c.peek()? == op::SETITEMS {
                 c.step(1);
                 return Some(());
@@ -517,8 +548,51 @@ impl<A: Adopter> Vm<'_, A> {
         }
     }
 
+    /// The commonest value of a trace entry's pair, at `at`: an integer of up to 8 bytes, or
+    /// a string fetched from the memo. Gives it and where it ends; `None` for anything else
+    /// (or a `FRAME` first), which the general reading of a value then takes.
+    #[inline(always)]
+    fn common_value(&self, w: &[u8], at: usize) -> Option<(Value, usize)> {
+        Some(match *w.get(at)? {
+            op::BININT1 => (Value::Int(*w.get(at + 1)? as i64), at + 2),
+            op::BININT2 => {
+                let b = w.get(at + 1..at + 3)?;
+                (Value::Int(u16::from_le_bytes([b[0], b[1]]) as i64), at + 3)
+            }
+            op::BININT => {
+                let b: [u8; 4] = w.get(at + 1..at + 5)?.try_into().ok()?;
+                (Value::Int(i32::from_le_bytes(b) as i64), at + 5)
+            }
+            op::LONG1 => {
+                let n = *w.get(at + 1)? as usize;
+                (Value::Int(long1(w, at + 2, n)?), at + 2 + n)
+            }
+            op::BINGET | op::LONG_BINGET => {
+                let (v, end) = self.fetched_str(w, at)?;
+                (Value::Str(v), end)
+            }
+            _ => return None,
+        })
+    }
+
+    /// `BINGET` or `LONG_BINGET` at `at` of a string stored before this dict: the string and
+    /// where the opcode ends.
+    #[inline(always)]
+    fn fetched_str(&self, w: &[u8], at: usize) -> Option<(StrId, usize)> {
+        let (index, end) = match *w.get(at)? {
+            op::BINGET => (*w.get(at + 1)? as u64, at + 2),
+            op::LONG_BINGET => {
+                let b: [u8; 4] = w.get(at + 1..at + 5)?.try_into().ok()?;
+                (u32::from_le_bytes(b) as u64, at + 5)
+            }
+            _ => return None,
+        };
+        Some((self.memo.str_at(index)?, end))
+    }
+
     /// `EMPTY_LIST`, a memo entry, and its items: `MARK` items `APPENDS`, one item and
     /// `APPEND`, or none.
+    #[inline(always)]
     fn read_list(&mut self, c: &mut Cursor, s: &mut FlatScratch) -> Option<()> {
         c.step(1);
         c.values += 1;
@@ -537,32 +611,40 @@ impl<A: Adopter> Vm<'_, A> {
                 Found::New { end, fetches } => s.run = Some((c.pos, end, fetches)),
                 Found::NotARun => {}
             }
-            loop {
-                if c.peek()? == op::APPENDS {
-                    c.step(1);
-                    return Some(());
-                }
-                self.item(c, s)?;
-            }
+            return self.items(c, s);
         }
         // one item then APPEND; anything else means the list is empty and the dict goes on
-        let (pos, ops, values) = (c.pos, c.ops, c.values);
         let lengths = (
             s.items.len(),
             s.pending.len(),
             s.inner.len(),
             s.inner_pairs.len(),
         );
-        if self.item(c, s).is_some() && c.peek() == Some(op::APPEND) {
-            c.step(1);
+        let mut one = *c;
+        if self.item(&mut one, s).is_some() && one.peek() == Some(op::APPEND) {
+            one.step(1);
+            *c = one;
             return Some(());
         }
-        (c.pos, c.ops, c.values) = (pos, ops, values);
         s.items.truncate(lengths.0);
         s.pending.truncate(lengths.1);
         s.inner.truncate(lengths.2);
         s.inner_pairs.truncate(lengths.3);
         Some(())
+    }
+
+    /// A list's items up to its `APPENDS`, where they are not a run seen before.
+    #[inline(never)]
+    fn items(&mut self, at: &mut Cursor, s: &mut FlatScratch) -> Option<()> {
+        let mut c = *at;
+        loop {
+            if c.peek()? == op::APPENDS {
+                c.step(1);
+                *at = c;
+                return Some(());
+            }
+            self.item(&mut c, s)?;
+        }
     }
 
     /// A list item: a memo fetch or an inner dict.
