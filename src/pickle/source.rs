@@ -145,9 +145,9 @@ enum Piece {
 }
 
 /// A reader that reads (and decompresses) its input on a thread of its own, a few pieces of
-/// 1 MiB ahead of the consumer, so that decompressing overlaps with decoding. The consumer sees the same bytes, errors and end as reading the input directly;
-/// memory stays bounded by a few pieces. Dropping it stops the thread at its next
-/// piece.
+/// 1 MiB ahead of the consumer, so that decompressing overlaps with decoding. The consumer sees
+/// the same bytes, errors and end as reading the input directly; memory stays bounded by a few
+/// pieces. Dropping it stops the thread at its next piece.
 ///
 /// Written by hand: it is a bounded channel of buffers, recycled, and no crate does exactly
 /// this with errors kept in place.

@@ -373,6 +373,41 @@ fn fetch_run(w: &[u8], mut pos: usize) -> Option<(usize, u32)> {
     }
 }
 
+/// The memo index that a `BINGET` or `LONG_BINGET` at `at` fetches, and where the opcode ends.
+#[inline(always)]
+fn fetch_index(w: &[u8], at: usize) -> Option<(u64, usize)> {
+    match *w.get(at)? {
+        op::BINGET => Some((*w.get(at + 1)? as u64, at + 2)),
+        op::LONG_BINGET => {
+            let b: [u8; 4] = w.get(at + 1..at + 5)?.try_into().ok()?;
+            Some((u32::from_le_bytes(b) as u64, at + 5))
+        }
+        _ => None,
+    }
+}
+
+/// The integer that a `BININT1`, `BININT2`, `BININT` or `LONG1` (of up to 8 bytes) at `at`
+/// pushes, and where the opcode ends.
+#[inline(always)]
+fn int_at(w: &[u8], at: usize) -> Option<(i64, usize)> {
+    match *w.get(at)? {
+        op::BININT1 => Some((*w.get(at + 1)? as i64, at + 2)),
+        op::BININT2 => {
+            let b = w.get(at + 1..at + 3)?;
+            Some((u16::from_le_bytes([b[0], b[1]]) as i64, at + 3))
+        }
+        op::BININT => {
+            let b: [u8; 4] = w.get(at + 1..at + 5)?.try_into().ok()?;
+            Some((i32::from_le_bytes(b) as i64, at + 5))
+        }
+        op::LONG1 => {
+            let n = *w.get(at + 1)? as usize;
+            Some((long1(w, at + 2, n)?, at + 2 + n))
+        }
+        _ => None,
+    }
+}
+
 /// A memo fetch's result, as the fast path can use it.
 enum Fetched {
     Value(Value),
@@ -553,40 +588,20 @@ impl<A: Adopter> Vm<'_, A> {
     /// (or a `FRAME` first), which the general reading of a value then takes.
     #[inline(always)]
     fn common_value(&self, w: &[u8], at: usize) -> Option<(Value, usize)> {
-        Some(match *w.get(at)? {
-            op::BININT1 => (Value::Int(*w.get(at + 1)? as i64), at + 2),
-            op::BININT2 => {
-                let b = w.get(at + 1..at + 3)?;
-                (Value::Int(u16::from_le_bytes([b[0], b[1]]) as i64), at + 3)
-            }
-            op::BININT => {
-                let b: [u8; 4] = w.get(at + 1..at + 5)?.try_into().ok()?;
-                (Value::Int(i32::from_le_bytes(b) as i64), at + 5)
-            }
-            op::LONG1 => {
-                let n = *w.get(at + 1)? as usize;
-                (Value::Int(long1(w, at + 2, n)?), at + 2 + n)
-            }
+        match *w.get(at)? {
             op::BINGET | op::LONG_BINGET => {
                 let (v, end) = self.fetched_str(w, at)?;
-                (Value::Str(v), end)
+                Some((Value::Str(v), end))
             }
-            _ => return None,
-        })
+            _ => int_at(w, at).map(|(v, end)| (Value::Int(v), end)),
+        }
     }
 
     /// `BINGET` or `LONG_BINGET` at `at` of a string stored before this dict: the string and
     /// where the opcode ends.
     #[inline(always)]
     fn fetched_str(&self, w: &[u8], at: usize) -> Option<(StrId, usize)> {
-        let (index, end) = match *w.get(at)? {
-            op::BINGET => (*w.get(at + 1)? as u64, at + 2),
-            op::LONG_BINGET => {
-                let b: [u8; 4] = w.get(at + 1..at + 5)?.try_into().ok()?;
-                (u32::from_le_bytes(b) as u64, at + 5)
-            }
-            _ => return None,
-        };
+        let (index, end) = fetch_index(w, at)?;
         Some((self.memo.str_at(index)?, end))
     }
 
@@ -693,25 +708,9 @@ impl<A: Adopter> Vm<'_, A> {
         let code = c.peek()?;
         let v = match code {
             op::BINGET | op::LONG_BINGET => return self.fetch(c, s),
-            op::BININT1 => {
-                let [b] = c.arg::<1>()?;
-                c.step(2);
-                Value::Int(b as i64)
-            }
-            op::BININT2 => {
-                let b = c.arg::<2>()?;
-                c.step(3);
-                Value::Int(u16::from_le_bytes(b) as i64)
-            }
-            op::BININT => {
-                let b = c.arg::<4>()?;
-                c.step(5);
-                Value::Int(i32::from_le_bytes(b) as i64)
-            }
-            op::LONG1 => {
-                let [n] = c.arg::<1>()?;
-                let v = long1(c.w, c.pos + 2, n as usize)?;
-                c.step(2 + n as usize);
+            op::BININT1 | op::BININT2 | op::BININT | op::LONG1 => {
+                let (v, end) = int_at(c.w, c.pos)?;
+                c.step(end - c.pos);
                 Value::Int(v)
             }
             op::NONE => {
@@ -753,11 +752,8 @@ impl<A: Adopter> Vm<'_, A> {
     /// stand-in for another part's entry), or of a string or inner dict stored within it.
     #[inline(always)]
     fn fetch(&self, c: &mut Cursor, s: &FlatScratch) -> Option<Fetched> {
-        let (index, len) = if c.peek()? == op::BINGET {
-            (c.arg::<1>()?[0] as u64, 2)
-        } else {
-            (u32::from_le_bytes(c.arg::<4>()?) as u64, 5)
-        };
+        c.peek()?;
+        let (index, end) = fetch_index(c.w, c.pos)?;
         let stored = self.memo.len() as u64;
         let fetched = if index >= stored {
             match s.pending.get((index - stored) as usize)? {
@@ -771,7 +767,7 @@ impl<A: Adopter> Vm<'_, A> {
                 v => Fetched::Value(v),
             }
         };
-        c.step(len);
+        c.step(end - c.pos);
         c.values += 1;
         Some(fetched)
     }
