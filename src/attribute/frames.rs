@@ -62,8 +62,18 @@ impl<T: Clone> PerStack<T> {
     }
 
     /// The cached value for `stack`, computing it with `f` the first time.
+    #[inline]
     pub fn get(&mut self, stack: StackId, f: impl FnOnce() -> T) -> T {
         let i = stack.0 as usize;
+        if let Some(Some(v)) = self.slots.get(i) {
+            return v.clone();
+        }
+        self.fill(i, f)
+    }
+
+    /// Computes and keeps the value of slot `i` (growing the table for a stack made later).
+    #[cold]
+    fn fill(&mut self, i: usize, f: impl FnOnce() -> T) -> T {
         if i >= self.slots.len() {
             self.slots.resize(i + 1, None);
         }

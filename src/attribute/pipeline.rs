@@ -350,6 +350,7 @@ pub(crate) fn label(
 }
 
 /// The facts of a stack, computed once per distinct stack.
+#[inline]
 fn fact(cache: &mut frames::PerStack<StackFacts>, snap: &Snapshot, s: StackId) -> StackFacts {
     cache.get(s, || facts(snap, s))
 }

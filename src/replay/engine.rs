@@ -426,16 +426,15 @@ impl Replayer<'_> {
                 t.requested = t.requested.saturating_add(e.size);
                 t.active = t.active.saturating_add(counted);
             }
-            Action::FreeRequested => match self.state.blocks.get(&e.addr).copied() {
-                Some(b) if b.state == Use::Live => {
+            Action::FreeRequested => match self.state.blocks.get_mut(&e.addr) {
+                Some(live) if live.state == Use::Live => {
+                    live.state = Use::Pending;
+                    let b = *live;
                     let counted = self.counted(&b);
                     t.allocated -= counted.min(t.allocated);
                     t.requested -= b.requested.min(t.requested);
                     rec.partner[i] = b.origin;
                     link_free(&mut rec.partner, &mut rec.preexisting, b.origin, i);
-                    if let Some(live) = self.state.blocks.get_mut(&e.addr) {
-                        live.state = Use::Pending;
-                    }
                 }
                 _ => rec.anomalies += 1,
             },
@@ -539,17 +538,20 @@ impl Replayer<'_> {
                 }
             }
         }
-        let available = self.state.blocks[&addr].size;
+        let free = self.state.blocks[&addr];
+        let available = free.size;
         if available < rounded {
             *anomalies += 1;
         }
-        let size = if available > rounded && self.rules.splits(available, rounded) {
-            self.state.split(addr, rounded);
-            rounded
-        } else {
-            available
-        };
+        let splits = available > rounded && self.rules.splits(available, rounded);
+        // (a split after 0 bytes cuts nothing off)
+        let tail = (splits && rounded > 0).then(|| self.state.add_tail(addr, free, rounded));
         let b = self.state.blocks.get_mut(&addr).expect("present");
+        if let Some(tail) = tail {
+            b.size = rounded;
+            b.next = tail;
+        }
+        let size = if splits { rounded } else { available };
         b.state = Use::Live;
         b.requested = requested;
         b.origin = event;

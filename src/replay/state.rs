@@ -207,6 +207,17 @@ impl State {
         if len == 0 || len >= b.size {
             return None;
         }
+        let tail = self.add_tail(start, b, len);
+        let head = self.blocks.get_mut(&start).expect("present");
+        head.size = len;
+        head.next = tail;
+        Some(tail)
+    }
+
+    /// The first half of a split of the block `b` at `start` (`0 < len < b.size`): its tail
+    /// made a block of its own and linked to the block after. The caller then shortens the
+    /// head to `len` bytes and links it to the tail, whose address this returns.
+    pub(crate) fn add_tail(&mut self, start: u64, b: Blk, len: u64) -> u64 {
         let tail = start.saturating_add(len);
         self.put(
             tail,
@@ -219,17 +230,12 @@ impl State {
         if let Some(n) = self.blocks.get_mut(&b.next) {
             n.prev = tail;
         }
-        let head = self.blocks.get_mut(&start).expect("present");
-        head.size = len;
-        head.next = tail;
-        Some(tail)
+        tail
     }
 
     /// Merges the block at `start` with its next neighbour (which must be adjacent).
-    fn absorb_next(&mut self, start: u64) {
-        let Some(&b) = self.blocks.get(&start) else {
-            return;
-        };
+    /// `b` is the block at `start` as it stands now.
+    fn absorb_next(&mut self, start: u64, b: Blk) {
         // A block linked to itself only comes from inconsistent input: leave it.
         if b.next == start {
             return;
@@ -253,12 +259,13 @@ impl State {
         };
         b.state = Use::Free;
         b.requested = 0;
+        let freed = *b;
         let (prev, next) = (b.prev, b.next);
         if self.blocks.get(&next).is_some_and(|n| n.state == Use::Free) {
-            self.absorb_next(addr);
+            self.absorb_next(addr, freed);
         }
-        if self.blocks.get(&prev).is_some_and(|p| p.state == Use::Free) {
-            self.absorb_next(prev);
+        if let Some(&p) = self.blocks.get(&prev).filter(|p| p.state == Use::Free) {
+            self.absorb_next(prev, p);
         }
     }
 
@@ -403,8 +410,12 @@ mod tests {
             vec![(1000, 1000, Use::Free)],
             "segments never merge"
         );
+        // the index by address, once built, follows the merges
+        assert_eq!(s.containing(150), Some(100));
         s.release(100);
         assert_eq!(s.chain(0), vec![(0, 1000, Use::Free)]);
+        assert_eq!(s.containing(150), Some(0));
+        assert_eq!(s.blocks.len(), 2, "the merged neighbours are gone");
         let tail = s.split(0, 300).unwrap();
         assert_eq!(tail, 300);
         assert_eq!(s.chain(0), vec![(0, 300, Use::Free), (300, 700, Use::Free)]);

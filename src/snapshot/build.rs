@@ -286,23 +286,31 @@ impl EntryCompactor {
             action: Action::Unknown,
         };
         let mut block_size = None;
+        // only a part of a split decode meets values of other parts (deferred) and tells
+        // them which strings it needs
+        #[cfg(unix)]
+        let in_part = self.link.is_some();
+        #[cfg(not(unix))]
+        let in_part = false;
         for &(key, val) in pairs {
-            // deferred frame lists and texts are resolved later; nothing else can be
-            let resolvable = || {
-                matches!(
+            if in_part {
+                // deferred frame lists and texts are resolved later; nothing else can be
+                let resolvable = matches!(
                     key,
                     Value::Str(StrId(K_FRAMES | K_COMPILE_CONTEXT | K_USER_METADATA))
-                )
-            };
-            self.tainted |= is_deferred(key) || (is_deferred(val) && !resolvable());
-            let Value::Str(key) = key else { continue };
-            #[cfg(unix)]
-            if let Some(link) = self.link.as_mut() {
-                link.need(heap, key);
-                if let (K_ACTION, Value::Str(action)) = (key.0, val) {
-                    link.need(heap, action);
+                );
+                self.tainted |= is_deferred(key) || (is_deferred(val) && !resolvable);
+                #[cfg(unix)]
+                if let (Some(link), Value::Str(key)) = (self.link.as_mut(), key) {
+                    link.need(heap, key);
+                    if let (K_ACTION, Value::Str(action)) = (key.0, val) {
+                        link.need(heap, action);
+                    }
                 }
+            } else {
+                debug_assert!(!is_deferred(key) && !is_deferred(val));
             }
+            let Value::Str(key) = key else { continue };
             match key.0 {
                 K_ACTION => ev.action = self.action_of(heap, val),
                 K_ADDR | K_DEVICE_FREE => ev.addr = unsigned(heap, val, "trace entry addr")?,
@@ -860,6 +868,9 @@ fn take_traces(
     compactor: &mut EntryCompactor,
     lists: &[Value],
 ) -> Result<Vec<Vec<TraceEvent>>, FieldError> {
+    if let Some(runs) = row_runs(heap, lists, compactor.events.len()) {
+        return Ok(split_runs(std::mem::take(&mut compactor.events), &runs));
+    }
     let mut ids: Vec<Vec<u32>> = Vec::with_capacity(lists.len());
     // Each entry may be listed once: a list that repeats one (or one list given for several
     // devices) is refused at its first repeat, before anything is copied.
@@ -912,34 +923,62 @@ fn take_traces(
         ids.push(rows);
     }
     drop(taken);
-    let contiguous = ids
-        .iter()
-        .all(|rows| rows.windows(2).all(|w| w[1] == w[0] + 1));
     let events = std::mem::take(&mut compactor.events);
-    if contiguous {
-        // Usual case: each device's rows are one run of the table; split without copying.
-        let mut order: Vec<usize> = (0..ids.len()).filter(|&d| !ids[d].is_empty()).collect();
-        order.sort_by_key(|&d| std::cmp::Reverse(ids[d][0]));
-        let mut rest = events;
-        let mut out: Vec<Vec<TraceEvent>> = vec![Vec::new(); ids.len()];
-        for d in order {
-            let start = ids[d][0] as usize;
-            let mut tail = if start == 0 {
-                std::mem::take(&mut rest)
-            } else {
-                rest.split_off(start)
-            };
-            tail.truncate(ids[d].len());
-            tail.shrink_to_fit();
-            out[d] = tail;
-        }
-        Ok(out)
-    } else {
-        Ok(ids
+    Ok(ids
+        .iter()
+        .map(|rows| rows.iter().map(|&r| events[r as usize]).collect())
+        .collect())
+}
+
+/// The usual case, told without a pass that marks each row: every device's list holds rows
+/// of the table that follow one another, and no two lists share a row. Gives each list's
+/// first row and length; `None` for anything else (which [`take_traces`] then checks row by
+/// row, to say what is wrong where).
+fn row_runs(heap: &Heap, lists: &[Value], rows: usize) -> Option<Vec<(usize, usize)>> {
+    let mut runs = Vec::with_capacity(lists.len());
+    for &list in lists {
+        let (Value::List(l) | Value::Tuple(l)) = list else {
+            return None;
+        };
+        let items = heap.list(l);
+        let first = match items.first() {
+            Some(&Value::Handle(EVENT, r)) => r as usize,
+            Some(_) => return None,
+            None => 0,
+        };
+        let in_order = items
             .iter()
-            .map(|rows| rows.iter().map(|&r| events[r as usize]).collect())
-            .collect())
+            .zip(first..)
+            .all(|(&item, row)| matches!(item, Value::Handle(EVENT, r) if r as usize == row));
+        if !in_order || first.checked_add(items.len())? > rows {
+            return None;
+        }
+        runs.push((first, items.len()));
     }
+    let mut by_start: Vec<&(usize, usize)> = runs.iter().filter(|r| r.1 > 0).collect();
+    by_start.sort_unstable();
+    let apart = by_start.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0);
+    apart.then_some(runs)
+}
+
+/// Cuts the table into the devices' runs ([`row_runs`]) without copying a row.
+fn split_runs(events: Vec<TraceEvent>, runs: &[(usize, usize)]) -> Vec<Vec<TraceEvent>> {
+    let mut order: Vec<usize> = (0..runs.len()).filter(|&d| runs[d].1 > 0).collect();
+    order.sort_by_key(|&d| std::cmp::Reverse(runs[d].0));
+    let mut rest = events;
+    let mut out: Vec<Vec<TraceEvent>> = vec![Vec::new(); runs.len()];
+    for d in order {
+        let (start, len) = runs[d];
+        let mut tail = if start == 0 {
+            std::mem::take(&mut rest)
+        } else {
+            rest.split_off(start)
+        };
+        tail.truncate(len);
+        tail.shrink_to_fit();
+        out[d] = tail;
+    }
+    out
 }
 
 /// The whole decoded snapshot as text, ids included: two decodings that must agree (in parts
@@ -1564,5 +1603,62 @@ pub(crate) mod read_whole_tests {
         assert_eq!(snap.traces[0].len(), 1);
         assert_eq!(snap.traces[0][0].action, Action::Alloc);
         assert_eq!(snap.traces[0][0].addr, 0x5000);
+    }
+
+    /// Each device's rows in table order, no row in two lists: the runs are told from the
+    /// lists alone and cut out of the table; anything else is left to the check row by row.
+    #[test]
+    fn runs_of_rows_are_told_and_cut_and_anything_else_is_checked_row_by_row() {
+        let mut heap = Heap::default();
+        let rows = |heap: &mut Heap, r: &[u32]| {
+            Value::List(heap.new_list(r.iter().map(|&r| Value::Handle(EVENT, r)).collect()))
+        };
+        let first = rows(&mut heap, &[0, 1, 2]);
+        let second = rows(&mut heap, &[3, 4]);
+        let empty = rows(&mut heap, &[]);
+        assert_eq!(
+            row_runs(&heap, &[first, empty, second], 5),
+            Some(vec![(0, 3), (0, 0), (3, 2)])
+        );
+        assert_eq!(
+            row_runs(&heap, &[second, first], 5),
+            Some(vec![(3, 2), (0, 3)])
+        );
+        let overlapping = rows(&mut heap, &[2, 3]);
+        let backwards = rows(&mut heap, &[1, 0]);
+        let gap = rows(&mut heap, &[0, 2]);
+        let not_rows = Value::List(heap.new_list(vec![Value::Int(0)]));
+        for lists in [
+            vec![first, overlapping],
+            vec![first, first],
+            vec![backwards],
+            vec![gap],
+            vec![not_rows],
+            vec![Value::Int(3)],
+        ] {
+            assert_eq!(row_runs(&heap, &lists, 5), None, "{lists:?}");
+        }
+        assert_eq!(row_runs(&heap, &[first], 2), None, "past the table's end");
+
+        let table: Vec<TraceEvent> = (0..6)
+            .map(|i| TraceEvent {
+                addr: i,
+                size: 0,
+                time_us: 0,
+                stream: 0,
+                stack: StackId::EMPTY,
+                compile_context: StrId(K_EMPTY),
+                user_metadata: StrId(K_EMPTY),
+                forward_frames: 0,
+                block_surplus: 0,
+                action: Action::Alloc,
+            })
+            .collect();
+        let cut = split_runs(table, &[(3, 2), (0, 0), (0, 3)]);
+        let addrs: Vec<Vec<u64>> = cut
+            .iter()
+            .map(|t| t.iter().map(|e| e.addr).collect())
+            .collect();
+        assert_eq!(addrs, [vec![3, 4], vec![], vec![0, 1, 2]]);
     }
 }
