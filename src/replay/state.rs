@@ -260,7 +260,7 @@ impl State {
         b.state = Use::Free;
         b.requested = 0;
         let freed = *b;
-        let (prev, next) = (b.prev, b.next);
+        let (prev, next) = (freed.prev, freed.next);
         if self.blocks.get(&next).is_some_and(|n| n.state == Use::Free) {
             self.absorb_next(addr, freed);
         }

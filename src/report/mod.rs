@@ -150,11 +150,6 @@ pub struct FileReport {
     pub devices: Vec<DeviceReport>,
 }
 
-/// Which stacks a device's events carry.
-pub fn stack_kind(snap: &Snapshot, device: u32) -> StackKind {
-    TraceFacts::of(snap, device).stacks
-}
-
 /// What the report reads off a device's events, in one pass over them.
 struct TraceFacts {
     /// Microseconds from the earliest to the latest recorded time (0 without times); never
@@ -357,10 +352,10 @@ mod tests {
         assert_eq!(facts.unknown_actions, 1);
         // device 1's C++ stack is not device 0's
         assert_eq!(facts.stacks, StackKind::Python);
-        assert_eq!(stack_kind(&snap, 1), StackKind::Cpp);
-        assert_eq!(stack_kind(&snap, 2), StackKind::None);
+        assert_eq!(TraceFacts::of(&snap, 1).stacks, StackKind::Cpp);
+        assert_eq!(TraceFacts::of(&snap, 2).stacks, StackKind::None);
         assert_eq!(TraceFacts::of(&snap, 2).span_us, 0, "no times, no span");
         snap.traces[0].push(event(Action::Alloc, 140, cpp_only));
-        assert_eq!(stack_kind(&snap, 0), StackKind::PythonAndCpp);
+        assert_eq!(TraceFacts::of(&snap, 0).stacks, StackKind::PythonAndCpp);
     }
 }

@@ -752,7 +752,7 @@ impl<A: Adopter> Vm<'_, A> {
     /// stand-in for another part's entry), or of a string or inner dict stored within it.
     #[inline(always)]
     fn fetch(&self, c: &mut Cursor, s: &FlatScratch) -> Option<Fetched> {
-        c.peek()?;
+        c.peek()?; // past any FRAME
         let (index, end) = fetch_index(c.w, c.pos)?;
         let stored = self.memo.len() as u64;
         let fetched = if index >= stored {
