@@ -15,7 +15,10 @@
 //!
 //! with ratios, and peak memory (maximum resident set size) against the pickle's size. For the
 //! second file also `memsnap compare` of two such ranks (each decoded on one thread, side by
-//! side; on four or more cores `report` decodes the second file in parts). Then it times the
+//! side; on four or more cores `report` decodes the second file in parts). With
+//! `MEMSNAP_BENCH_RANKS=FOLDER`, the first two snapshots of that folder (two ranks of a real
+//! recording, such as config G of `../shared/snapgen/run_all.sh`) are used instead of the
+//! repeated trace. Then it times the
 //! allocator simulation on pp2-large's trace, once and twice in a row, under the recorded
 //! settings and with expandable segments. Pass another snapshot path as the first argument to use it instead of
 //! pp2-large.
@@ -201,26 +204,13 @@ fn main() {
 
 /// The 650k-event `stacks="all"` files: report against Python, and compare of two ranks.
 fn at_scale(shared: &Path, dir: &Path) {
-    let mut files = Vec::new();
-    for rank in 0..2 {
-        let source = shared.join(format!(
-            "pp2-stacks-all/memory_snapshot_rank{rank}_step0.pickle.xz"
-        ));
-        let out = dir.join(format!("scale_rank{rank}.pickle"));
-        let made = Command::new("python3")
-            .args(["-c", REPEAT_TRACE])
-            .arg(&source)
-            .arg(&out)
-            .arg("13")
-            .output();
-        match made {
-            Ok(o) if o.status.success() => files.push(out),
-            _ => {
-                eprintln!("skipping the 650k-event file: python3 could not make it");
-                return;
-            }
-        }
-    }
+    let made = match std::env::var_os("MEMSNAP_BENCH_RANKS") {
+        Some(folder) => recorded_ranks(Path::new(&folder), dir),
+        None => synthetic_ranks(shared, dir),
+    };
+    let Some((files, what)) = made else {
+        return;
+    };
     let events = Command::new(env!("CARGO_BIN_EXE_memsnap"))
         .args(["report", "--json"])
         .arg(&files[0])
@@ -230,7 +220,7 @@ fn at_scale(shared: &Path, dir: &Path) {
         .and_then(|v| v["devices"][0]["events"].as_u64())
         .unwrap_or(0);
     against_python(
-        &format!("stacks=\"all\", {events} events (pp2-stacks-all rank 0, trace x13)"),
+        &format!("stacks=\"all\", {events} events ({what})"),
         &files[0],
     );
     let mut times = Vec::new();
@@ -248,6 +238,60 @@ fn at_scale(shared: &Path, dir: &Path) {
         "memsnap compare of the two ranks: {:>8.1} ms",
         median(times).as_secs_f64() * 1e3
     );
+}
+
+/// The first two snapshot files of `folder` (two ranks of one recording), as plain pickles in
+/// `dir`, and what they are.
+fn recorded_ranks(folder: &Path, dir: &Path) -> Option<(Vec<PathBuf>, String)> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(folder)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().contains(".pickle"))
+        .collect();
+    found.sort();
+    if found.len() < 2 {
+        eprintln!(
+            "skipping the recorded ranks: {} holds fewer than two snapshots",
+            folder.display()
+        );
+        return None;
+    }
+    let files: Vec<PathBuf> = found[..2]
+        .iter()
+        .enumerate()
+        .map(|(k, p)| plain_copy(p, dir, &format!("recorded_rank{k}.pickle")))
+        .collect();
+    let name = found[0]
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned());
+    Some((files, format!("recorded: {}", name.unwrap_or_default())))
+}
+
+/// Two ranks made from `pp2-stacks-all` by Python, each its trace repeated 13 times, and what
+/// they are.
+fn synthetic_ranks(shared: &Path, dir: &Path) -> Option<(Vec<PathBuf>, String)> {
+    let mut files = Vec::new();
+    for rank in 0..2 {
+        let source = shared.join(format!(
+            "pp2-stacks-all/memory_snapshot_rank{rank}_step0.pickle.xz"
+        ));
+        let out = dir.join(format!("scale_rank{rank}.pickle"));
+        let made = Command::new("python3")
+            .args(["-c", REPEAT_TRACE])
+            .arg(&source)
+            .arg(&out)
+            .arg("13")
+            .output();
+        match made {
+            Ok(o) if o.status.success() => files.push(out),
+            _ => {
+                eprintln!("skipping the 650k-event file: python3 could not make it");
+                return None;
+            }
+        }
+    }
+    Some((files, "pp2-stacks-all rank 0, trace x13".into()))
 }
 
 /// Times one simulation of the trace, and of the trace played twice in a row.

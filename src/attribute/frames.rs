@@ -38,6 +38,12 @@ fn has(facts: &[u8], id: FrameId, fact: u8) -> bool {
     facts.get(id.0 as usize).is_some_and(|f| f & fact != 0)
 }
 
+/// Whether frame `id` is the program's own Python code ([`PROGRAM`]), read from the table
+/// of frame facts instead of testing its file name again.
+pub(crate) fn is_program_frame(snap: &Snapshot, id: FrameId) -> bool {
+    has(facts(snap), id, PROGRAM)
+}
+
 /// Whether any frame of `stack` has `fact`.
 pub(crate) fn stack_has(snap: &Snapshot, stack: StackId, fact: u8) -> bool {
     let facts = facts(snap);

@@ -80,11 +80,12 @@ struct Call {
 /// The program's frames below `step` as `(function, line)`, outermost first.
 fn below_step(snap: &Snapshot, stack: StackId) -> Vec<(crate::snapshot::StrId, u32)> {
     let mut out = Vec::new();
-    for f in snap.stacks.frames(stack) {
+    for &id in snap.stacks.stack(stack) {
+        let f = snap.stacks.frame(id);
         if is_step_frame(snap, &f) {
             break;
         }
-        if frames::is_python(&f) && !frames::is_library(snap, &f) {
+        if frames::is_program_frame(snap, id) {
             out.push((f.name, f.line));
         }
     }
@@ -93,17 +94,32 @@ fn below_step(snap: &Snapshot, stack: StackId) -> Vec<(crate::snapshot::StrId, u
 }
 
 /// Where consecutive main-thread events of one call site start over: `(event, depth)` pairs,
-/// depth being the first frame below `step` that went back to an earlier line.
+/// depth being the first frame below `step` that went back to an earlier line. Each distinct
+/// stack is read once: a loop's events repeat a few stacks thousands of times.
 fn restarts(
     snap: &Snapshot,
     events: &[crate::snapshot::TraceEvent],
     main: &[usize],
 ) -> Vec<(usize, usize)> {
+    let mut index: HashMap<StackId, usize> = HashMap::new();
+    let mut lists: Vec<Vec<(crate::snapshot::StrId, u32)>> = Vec::new();
+    let below: Vec<usize> = main
+        .iter()
+        .map(|&e| {
+            let stack = events[e].stack;
+            *index.entry(stack).or_insert_with(|| {
+                lists.push(below_step(snap, stack));
+                lists.len() - 1
+            })
+        })
+        .collect();
     let mut out = Vec::new();
-    for w in main.windows(2) {
-        let a = below_step(snap, events[w[0]].stack);
-        let b = below_step(snap, events[w[1]].stack);
-        for (d, (x, y)) in a.iter().zip(&b).enumerate() {
+    for (w, b) in main.windows(2).zip(below.windows(2)) {
+        if b[0] == b[1] {
+            continue;
+        }
+        let (a, b) = (&lists[b[0]], &lists[b[1]]);
+        for (d, (x, y)) in a.iter().zip(b).enumerate() {
             if x == y {
                 continue;
             }

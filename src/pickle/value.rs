@@ -212,6 +212,62 @@ impl<T> Arena<T> {
     }
 }
 
+/// No string: an empty slot of the cache of recent strings.
+const NO_STR: StrId = StrId(u32::MAX);
+
+/// A string of 8 bytes at most as the cache of recent strings knows it: its bytes (as a
+/// little-endian word, zero-padded) and its length, which together tell any two apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ShortKey {
+    word: u64,
+    len: u8,
+}
+
+impl ShortKey {
+    const EMPTY: ShortKey = ShortKey { word: 0, len: 0 };
+
+    /// The key of `bytes`, if they are 8 at most.
+    #[inline(always)]
+    pub(crate) fn of(bytes: &[u8]) -> Option<ShortKey> {
+        if bytes.len() > 8 {
+            return None;
+        }
+        let word = bytes
+            .iter()
+            .enumerate()
+            .fold(0u64, |w, (i, &b)| w | (b as u64) << (8 * i));
+        Some(ShortKey {
+            word,
+            len: bytes.len() as u8,
+        })
+    }
+
+    /// The key of the `len` bytes at `at` in `window`, read as one word where the window
+    /// holds 8 bytes from there; `None` when `len` is over 8 or the bytes are not all there.
+    #[inline(always)]
+    pub(crate) fn in_window(window: &[u8], at: usize, len: usize) -> Option<ShortKey> {
+        if len > 8 {
+            return None;
+        }
+        let Some(eight) = window.get(at..at.checked_add(8)?) else {
+            return ShortKey::of(window.get(at..at.checked_add(len)?)?);
+        };
+        let word = u64::from_le_bytes(eight.try_into().expect("8 bytes"));
+        let mask = u64::MAX.checked_shr(64 - 8 * len as u32).unwrap_or(0);
+        Some(ShortKey {
+            word: word & mask,
+            len: len as u8,
+        })
+    }
+
+    /// The key's slot in the cache (of 16).
+    #[inline(always)]
+    fn slot(self) -> usize {
+        let mixed = self.word ^ ((self.len as u64) << 59);
+        (mixed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 60) as usize
+    }
+}
+
 /// Where decoded values live: interned strings, lists, dicts and the few wide integers.
 #[derive(Debug)]
 pub struct Heap {
@@ -222,7 +278,7 @@ pub struct Heap {
     big_ints: Vec<i128>,
     bytes: Vec<Box<[u8]>>,
     pub(crate) memo_rewrites: Vec<(u32, Value)>,
-    recent: [(u64, StrId); 16],
+    recent: [(ShortKey, StrId); 16],
 }
 
 impl Default for Heap {
@@ -235,7 +291,7 @@ impl Default for Heap {
             big_ints: Vec::new(),
             bytes: Vec::new(),
             memo_rewrites: Vec::new(),
-            recent: [(0, StrId(u32::MAX)); 16],
+            recent: [(ShortKey::EMPTY, NO_STR); 16],
         }
     }
 }
@@ -251,20 +307,23 @@ impl Heap {
     pub fn intern(&mut self, s: &str) -> StrId {
         // Short strings repeat by the hundred thousand (one "N/A" per trace entry): a tiny
         // direct-mapped cache on their bytes skips the hash map.
-        if s.len() <= 8 {
-            let mut word = [0u8; 8];
-            word[..s.len()].copy_from_slice(s.as_bytes());
-            let key = u64::from_le_bytes(word) ^ ((s.len() as u64) << 59);
-            let slot = (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 60) as usize;
-            let (k, id) = self.recent[slot];
-            if k == key && id != StrId(u32::MAX) {
-                return id;
-            }
-            let id = self.intern_slow(s);
-            self.recent[slot] = (key, id);
+        let Some(key) = ShortKey::of(s.as_bytes()) else {
+            return self.intern_slow(s);
+        };
+        if let Some(id) = self.recent_str(key) {
             return id;
         }
-        self.intern_slow(s)
+        let id = self.intern_slow(s);
+        self.recent[key.slot()] = (key, id);
+        id
+    }
+
+    /// The id of the short string `key` stands for, if it was interned recently. Only text
+    /// (valid UTF-8) is ever keyed, so bytes that find an id are that text.
+    #[inline(always)]
+    pub(crate) fn recent_str(&self, key: ShortKey) -> Option<StrId> {
+        let (k, id) = self.recent[key.slot()];
+        (k == key && id != NO_STR).then_some(id)
     }
 
     fn intern_slow(&mut self, s: &str) -> StrId {
@@ -296,7 +355,7 @@ impl Heap {
     /// Takes the interned strings out of the heap, in id order.
     pub fn take_strings(&mut self) -> Vec<Box<str>> {
         self.string_index.clear();
-        self.recent = [(0, StrId(u32::MAX)); 16];
+        self.recent = [(ShortKey::EMPTY, NO_STR); 16];
         std::mem::take(&mut self.strings)
     }
 
@@ -518,6 +577,54 @@ mod tests {
         assert_eq!(heap.str(b), "size");
         assert_eq!(heap.lookup("size"), Some(b));
         assert_eq!(heap.lookup("nope"), None);
+    }
+
+    #[test]
+    fn short_strings_are_told_apart_by_all_their_bytes_and_their_length() {
+        let mut heap = Heap::default();
+        // texts whose words differ only where a length mixed into the word would hide it
+        let texts = [
+            "N/A",
+            "N/A\0\0\0\0X",
+            "N/A\0",
+            "",
+            "\0",
+            "12345678",
+            "N/A\0\0\0\0",
+        ];
+        let ids: Vec<StrId> = texts.iter().map(|t| heap.intern(t)).collect();
+        for (i, t) in texts.iter().enumerate() {
+            assert_eq!(heap.str(ids[i]), *t);
+            assert_eq!(heap.intern(t), ids[i], "{t:?} again");
+            for j in 0..i {
+                assert_ne!(ids[i], ids[j], "{t:?} and {:?}", texts[j]);
+            }
+        }
+        // a key read from a window is the key of the same bytes, whether or not 8 bytes
+        // follow them there, and what was interned is found by it
+        for t in texts {
+            let mut window = b"xx".to_vec();
+            window.extend_from_slice(t.as_bytes());
+            let short = window.clone();
+            window.extend_from_slice(b"trailing");
+            let key = ShortKey::of(t.as_bytes());
+            assert_eq!(ShortKey::in_window(&window, 2, t.len()), key);
+            assert_eq!(ShortKey::in_window(&short, 2, t.len()), key);
+            // the cache may have given the slot to another text since: then it finds none
+            let found = key.and_then(|k| heap.recent_str(k));
+            assert!(found.is_none() || found == heap.lookup(t), "{t:?}");
+            heap.intern(t);
+            assert_eq!(key.and_then(|k| heap.recent_str(k)), heap.lookup(t));
+        }
+        // nothing past the window, nothing over 8 bytes
+        assert_eq!(ShortKey::in_window(b"abc", 2, 4), None);
+        assert_eq!(ShortKey::in_window(b"abc", usize::MAX, 1), None);
+        assert_eq!(ShortKey::of(b"123456789"), None);
+        assert_eq!(ShortKey::in_window(b"1234567890", 0, 9), None);
+        // bytes that are not text are never found, even where a text has the same length
+        let not_text = [0xffu8, 0xfe, 0xfd];
+        let key = ShortKey::of(&not_text).unwrap();
+        assert_eq!(heap.recent_str(key), None);
     }
 
     #[test]

@@ -1312,7 +1312,7 @@ impl<'a, A: Adopter> Vm<'a, A> {
             }
             op::SHORT_BINUNICODE if w.len() >= 2 + w[1] as usize => {
                 let n = w[1] as usize;
-                let id = intern_utf8(&mut self.heap, &w[2..2 + n]);
+                let id = intern_utf8_at(&mut self.heap, w, 2, n);
                 r.advance(2 + n);
                 self.push(Value::Str(id))?;
             }
@@ -1445,6 +1445,17 @@ fn is_stand_in(v: Value) -> bool {
 #[inline(always)]
 fn is_container(v: Value) -> bool {
     matches!(v, Value::List(_) | Value::Dict(_) | Value::Tuple(_))
+}
+
+/// [`intern_utf8`] of the `n` bytes at `at` in the window `w` (which holds them): a short
+/// string interned recently is known from its bytes at once, without checking them again.
+#[inline(always)]
+fn intern_utf8_at(heap: &mut Heap, w: &[u8], at: usize, n: usize) -> super::value::StrId {
+    let recent = super::value::ShortKey::in_window(w, at, n).and_then(|k| heap.recent_str(k));
+    match recent {
+        Some(id) => id,
+        None => intern_utf8(heap, &w[at..at + n]),
+    }
 }
 
 fn intern_utf8(heap: &mut Heap, bytes: &[u8]) -> super::value::StrId {

@@ -29,7 +29,7 @@
 //!
 //! Written by hand: it is part of the VM, and no pickle library has such a path.
 
-use super::{intern_utf8, is_container, is_stand_in, long1, op, Adopter, Reader, Vm};
+use super::{intern_utf8_at, is_container, is_stand_in, long1, op, Adopter, Reader, Vm};
 use crate::pickle::value::{StrId, Value};
 use std::io::Read;
 
@@ -735,8 +735,9 @@ impl<A: Adopter> Vm<'_, A> {
                 if n > self.limits.max_string_bytes {
                     return None;
                 }
-                let bytes = c.w.get(c.pos + head..c.pos + head + n)?;
-                let id = intern_utf8(&mut self.heap, bytes);
+                let at = c.pos + head;
+                c.w.get(at..at + n)?;
+                let id = intern_utf8_at(&mut self.heap, c.w, at, n);
                 c.step(head + n);
                 c.values += 1;
                 self.memo_op(c, s, Pending::Str(id))?;
