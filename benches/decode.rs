@@ -4,7 +4,8 @@
 //! - `../shared/snapshots/pp2-large` (325k events, `stacks="python"`, 28.5 MiB);
 //! - a `stacks="all"` trace of 650k events (~110 MB), made from `../shared/snapshots/
 //!   pp2-stacks-all` by Python: its trace repeated 13 times, each copy at other addresses and
-//!   times, as new objects (so the pickle has the shape of a long recording).
+//!   times, as new objects (so the pickle has the shape of a long recording); rank 1, whose
+//!   trace is longer, is repeated 11 times, to 700k events.
 //!
 //! For each, five times and in alternation, the medians of:
 //! - the whole `memsnap report --json FILE` process (decode, replay, report, process start);
@@ -211,14 +212,7 @@ fn at_scale(shared: &Path, dir: &Path) {
     let Some((files, what)) = made else {
         return;
     };
-    let events = Command::new(env!("CARGO_BIN_EXE_memsnap"))
-        .args(["report", "--json"])
-        .arg(&files[0])
-        .output()
-        .ok()
-        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
-        .and_then(|v| v["devices"][0]["events"].as_u64())
-        .unwrap_or(0);
+    let events = events_of(&files[0]);
     against_python(
         &format!("stacks=\"all\", {events} events ({what})"),
         &files[0],
@@ -268,7 +262,24 @@ fn recorded_ranks(folder: &Path, dir: &Path) -> Option<(Vec<PathBuf>, String)> {
     Some((files, format!("recorded: {}", name.unwrap_or_default())))
 }
 
-/// Two ranks made from `pp2-stacks-all` by Python, each its trace repeated 13 times, and what
+/// Events of the first device of a snapshot with events, as `memsnap report --json` counts
+/// them (0 when it cannot tell).
+fn events_of(path: &Path) -> u64 {
+    Command::new(env!("CARGO_BIN_EXE_memsnap"))
+        .args(["report", "--json"])
+        .arg(path)
+        .output()
+        .ok()
+        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+        .and_then(|v| v["devices"][0]["events"].as_u64())
+        .unwrap_or(0)
+}
+
+/// Events each made rank holds at least: those of a 650k-event recording.
+const RANK_EVENTS: u64 = 650_000;
+
+/// Two ranks made from `pp2-stacks-all` by Python, each its trace repeated as often as it
+/// takes to hold [`RANK_EVENTS`] (rank 0's 13 times, rank 1's longer trace 11 times), and what
 /// they are.
 fn synthetic_ranks(shared: &Path, dir: &Path) -> Option<(Vec<PathBuf>, String)> {
     let mut files = Vec::new();
@@ -276,12 +287,13 @@ fn synthetic_ranks(shared: &Path, dir: &Path) -> Option<(Vec<PathBuf>, String)> 
         let source = shared.join(format!(
             "pp2-stacks-all/memory_snapshot_rank{rank}_step0.pickle.xz"
         ));
+        let copies = RANK_EVENTS.div_ceil(events_of(&source).max(1));
         let out = dir.join(format!("scale_rank{rank}.pickle"));
         let made = Command::new("python3")
             .args(["-c", REPEAT_TRACE])
             .arg(&source)
             .arg(&out)
-            .arg("13")
+            .arg(copies.to_string())
             .output();
         match made {
             Ok(o) if o.status.success() => files.push(out),
