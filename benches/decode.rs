@@ -283,11 +283,15 @@ const RANK_EVENTS: u64 = 650_000;
 /// they are.
 fn synthetic_ranks(shared: &Path, dir: &Path) -> Option<(Vec<PathBuf>, String)> {
     let mut files = Vec::new();
+    let mut first_copies = 0;
     for rank in 0..2 {
         let source = shared.join(format!(
             "pp2-stacks-all/memory_snapshot_rank{rank}_step0.pickle.xz"
         ));
         let copies = RANK_EVENTS.div_ceil(events_of(&source).max(1));
+        if rank == 0 {
+            first_copies = copies;
+        }
         let out = dir.join(format!("scale_rank{rank}.pickle"));
         let made = Command::new("python3")
             .args(["-c", REPEAT_TRACE])
@@ -303,7 +307,10 @@ fn synthetic_ranks(shared: &Path, dir: &Path) -> Option<(Vec<PathBuf>, String)> 
             }
         }
     }
-    Some((files, "pp2-stacks-all rank 0, trace x13".into()))
+    Some((
+        files,
+        format!("pp2-stacks-all rank 0, trace x{first_copies}"),
+    ))
 }
 
 /// Times one simulation of the trace, and of the trace played twice in a row.

@@ -101,13 +101,13 @@ fn restarts(
     events: &[crate::snapshot::TraceEvent],
     main: &[usize],
 ) -> Vec<(usize, usize)> {
-    let mut index: HashMap<StackId, usize> = HashMap::new();
+    let mut index: frames::PerStack<usize> = frames::PerStack::new(snap);
     let mut lists: Vec<Vec<(crate::snapshot::StrId, u32)>> = Vec::new();
     let below: Vec<usize> = main
         .iter()
         .map(|&e| {
             let stack = events[e].stack;
-            *index.entry(stack).or_insert_with(|| {
+            index.get(stack, || {
                 lists.push(below_step(snap, stack));
                 lists.len() - 1
             })
