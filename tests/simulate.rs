@@ -26,6 +26,25 @@ fn allocator_file(name: &str) -> String {
         .into_owned()
 }
 
+/// The figures of PyTorch's out-of-memory message that an explanation gives.
+fn message_parts(e: &Value) -> Vec<String> {
+    let size = |k: &str| e[k].as_u64().unwrap();
+    vec![
+        format!(
+            "Tried to allocate {}.",
+            torch_size(size("alloc_size_bytes"))
+        ),
+        format!(
+            "{} is allocated by PyTorch",
+            torch_size(size("allocated_bytes"))
+        ),
+        format!(
+            "{} is reserved by PyTorch but unallocated",
+            torch_size(size("reserved_unallocated_bytes"))
+        ),
+    ]
+}
+
 fn within(simulated: u64, real: u64, tolerance: f64) -> bool {
     (simulated as f64 - real as f64).abs() <= real as f64 * tolerance
 }
@@ -162,21 +181,9 @@ fn oom_explains_each_failure_in_pytorchs_figures() {
         let v = json(&["oom", &allocator_file(name), "--cap", &cap]);
         let e = &v["devices"][0]["oom"];
         let size = |k: &str| e[k].as_u64().unwrap();
-        for part in [
-            format!(
-                "Tried to allocate {}.",
-                torch_size(size("alloc_size_bytes"))
-            ),
-            format!("{} allowed;", torch_size(size("cap_bytes"))),
-            format!(
-                "{} is allocated by PyTorch",
-                torch_size(size("allocated_bytes"))
-            ),
-            format!(
-                "{} is reserved by PyTorch but unallocated",
-                torch_size(size("reserved_unallocated_bytes"))
-            ),
-        ] {
+        let mut parts = message_parts(e);
+        parts.push(format!("{} allowed;", torch_size(size("cap_bytes"))));
+        for part in parts {
             assert!(message.contains(&part), "{name}: {part:?} not in {message}");
         }
         // fragmentation when the free cached bytes would have held the request had they been
@@ -320,4 +327,64 @@ fn a_snapshot_without_a_trace_says_so() {
     assert!(text.contains("no device has trace events"), "{text}");
     let text = ok(&["oom", &f.to_string_lossy()]);
     assert!(text.contains("no device has trace events"), "{text}");
+}
+
+/// Without `--cap`, the inferred cap of every failed run is at least what the run reserved
+/// (PyTorch's `max_memory_reserved()`) and at least the real cap: `garbage_collection_threshold`
+/// releases cache before requests that the cap never refused, which is no evidence of a
+/// lower cap.
+#[test]
+fn inferred_caps_are_never_below_what_was_reserved() {
+    let mut checked = 0;
+    for run in runs() {
+        if run["oom"].is_null() {
+            continue;
+        }
+        let name = run["name"].as_str().unwrap();
+        let v = json(&["oom", &allocator_file(name)]);
+        let e = &v["devices"][0]["oom"];
+        assert_eq!(e["cap_inferred"], true, "{name}");
+        let cap = e["cap_bytes"].as_u64().unwrap();
+        let reserved = run["max_memory_reserved"].as_u64().unwrap();
+        let real = run["cap_bytes"].as_u64().unwrap();
+        assert!(
+            cap >= reserved,
+            "{name}: inferred {cap} < reserved {reserved}"
+        );
+        assert!(cap >= real, "{name}: inferred {cap} < the real cap {real}");
+        checked += 1;
+    }
+    assert_eq!(checked, 7);
+}
+
+/// A program that caught one out-of-memory error and died of a later one: the explanation
+/// is of the fatal request (PyTorch's `FATAL` message), and the survived one is counted.
+#[test]
+fn the_fatal_oom_is_the_last_and_earlier_ones_are_survived() {
+    let dir = testdata("snapshots/programs");
+    let log = std::fs::read_to_string(dir.join("oom_survived.log")).unwrap();
+    let message = |tag: &str| -> String {
+        log.lines()
+            .find_map(|l| l.strip_prefix(tag))
+            .unwrap()
+            .to_string()
+    };
+    let (caught, fatal) = (message("CAUGHT "), message("FATAL "));
+    let file = dir.join("memory_snapshot_oom_survived.pickle.xz");
+    let v = json(&["oom", &file.to_string_lossy()]);
+    let e = &v["devices"][0]["oom"];
+    let size = |k: &str| e[k].as_u64().unwrap();
+    for part in message_parts(e) {
+        assert!(fatal.contains(&part), "{part:?} not in {fatal}");
+    }
+    let survived = e["survived"].as_array().unwrap();
+    assert_eq!(survived.len(), 1, "{e}");
+    let first = survived[0]["requested_bytes"].as_u64().unwrap();
+    assert!(caught.contains(&format!("Tried to allocate {}.", torch_size(first))));
+    assert!(survived[0]["event"].as_u64().unwrap() < size("event"));
+    // the cap was 2 GiB (the messages say "2.00 GiB allowed")
+    assert!(fatal.contains("2.00 GiB allowed"));
+    assert!(size("cap_bytes") >= 2 << 30, "{e}");
+    let text = ok(&["oom", &file.to_string_lossy()]);
+    assert!(text.contains("1 failed request was survived"), "{text}");
 }

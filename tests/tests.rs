@@ -7,6 +7,7 @@ mod errors;
 mod export;
 mod flamegraph;
 mod hostile;
+mod programs;
 mod real_world;
 mod report;
 mod scale;

@@ -306,12 +306,12 @@ pub fn step_table(snap: &Snapshot, replay: &Replay, a: &Attribution) -> Vec<Step
     let shape = a.pipeline.as_ref().and_then(|p| p.shape);
     // A row: one pipeline step, or outside a pipeline one phase, of one training step.
     let key = |l: &Label| {
-        let phase = if l.pipe_step == 0 {
-            l.phase
+        let (phase, mb) = if l.pipe_step == 0 {
+            (l.phase, l.mb)
         } else {
-            Default::default()
+            (Default::default(), crate::attribute::NO_MB)
         };
-        (l.train_step, l.pipe_step, phase)
+        (l.train_step, l.pipe_step, phase, mb)
     };
     while i < n {
         let l = a.labels[i];

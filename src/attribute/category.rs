@@ -1,26 +1,41 @@
-//! Memory categories, in the vocabulary of `torch.profiler`'s memory timeline.
+//! Memory categories, in the vocabulary of `torch.profiler`'s memory timeline, decided from
+//! what each block does over its life, with stacks and PyTorch's own labels as evidence.
 //!
-//! Each allocation gets the first category whose rule holds:
+//! **Any PyTorch program** (the generic preset). Phases and training steps
+//! come first ([`super::generic`]); then each allocation gets the first category that holds:
 //!
-//! 1. **pre-existing**: alive before recording started (parameters, gradients and optimizer
-//!    state of earlier steps, anything else allocated before the trace);
-//! 2. **communication**: pipeline receive buffers, all-to-all and collective buffers, FSDP
-//!    all-gather/reduce-scatter buffers (by op, stage or frames);
-//! 3. **optimizer state**: allocated in the optimizer and still alive at the end of the trace
-//!    (freed optimizer allocations are temporaries);
-//! 4. **gradient**: allocated by a weight-gradient op (DualPipeV `W` chunks, `AccumulateGrad`),
-//!    or allocated in backward and either alive at the end or freed by the optimizer phase
-//!    (`zero_grad`);
-//! 5. **activation**: allocated in forward and freed by a later call (backward, or a later
-//!    send), or alive at the end;
-//! 6. **temporary**: freed within the call (pipeline op, or phase segment) that allocated it;
-//! 7. **unknown**: anything else.
+//! 1. **communication**: collective and FSDP buffers, by frames, op or stage;
+//! 2. **activation** (recomputed): allocated while activation checkpointing recomputes;
+//! 3. **gradient** by frames: `AccumulateGrad` on the stack;
+//! 4. by the phase it was allocated in, and when it was freed:
+//!    - *optimizer*: **temporary** when freed inside the same update, else **optimizer state**;
+//!    - *backward*: **temporary** when freed inside the same backward; else, when it is never
+//!      freed, is not the size of any parameter and the trace runs a later step to the end of
+//!      its backward, a **workspace** (cuBLAS keeps one per stream); else a **gradient**
+//!      (alive past backward, until the update, `zero_grad` or the end);
+//!    - *forward*: **temporary** when freed inside the same forward; a **workspace** when a
+//!      workspace's C++ frames say so, or when it outlives a later step's whole backward;
+//!      else an **activation** (saved for backward, or an output);
+//!    - *outside the phases* (`zero_grad` gives temporaries): **temporary** when freed in the
+//!      same stretch of events; **parameter** when its stack sets the model up (`Module.to`,
+//!      initialisation, `load_state_dict`) or when it outlives the backward of the step after
+//!      the forward it precedes; **input** when its stack moves a batch or it stays alive into
+//!      the next forward; else **temporary** or **unknown**.
+//!
+//! **DualPipeV pipelines** (the pithtrain preset), by op and lifetime:
+//! communication for receive buffers and collectives, optimizer state for optimizer
+//! allocations alive at the end, gradients from `W` chunks, `AccumulateGrad` and backward
+//! allocations alive at the end or freed by the optimizer, activations for forward allocations
+//! freed by a later call, temporaries for what a call frees itself.
+//!
+//! In both, blocks alive before recording started are **pre-existing**, and custom rules
+//! ([`super::rules`]) override everything. [`CategorySources`] counts what decided each label.
 
 use serde::Serialize;
 
 use super::{frames, Label, Names, Phase};
 use crate::replay::{Replay, NONE};
-use crate::snapshot::{Action, Snapshot};
+use crate::snapshot::{Action, Snapshot, TraceEvent};
 
 /// What an allocation is for.
 #[derive(
@@ -33,7 +48,8 @@ pub enum Category {
     Unknown,
     /// Alive before the trace started.
     PreExisting,
-    /// Parameters (only from custom rules: a snapshot cannot tell them from other old blocks).
+    /// Parameters and buffers: set up outside forward, backward and the update, and alive
+    /// across the training steps that follow.
     Parameter,
     /// Gradients.
     Gradient,
@@ -45,17 +61,23 @@ pub enum Category {
     Temporary,
     /// Communication buffers.
     Communication,
+    /// The batch moved to the device before the forward that reads it.
+    Input,
+    /// Library workspaces (cuBLAS, cuDNN) that outlive the steps that made them.
+    Workspace,
 }
 
 impl Category {
     /// Every category, in display order.
-    pub const ALL: [Category; 8] = [
+    pub const ALL: [Category; 10] = [
         Category::PreExisting,
         Category::Parameter,
         Category::Gradient,
         Category::OptimizerState,
         Category::Activation,
+        Category::Input,
         Category::Temporary,
+        Category::Workspace,
         Category::Communication,
         Category::Unknown,
     ];
@@ -71,6 +93,8 @@ impl Category {
             Category::Activation => "activation",
             Category::Temporary => "temporary",
             Category::Communication => "communication",
+            Category::Input => "input",
+            Category::Workspace => "workspace",
         }
     }
 
@@ -143,17 +167,14 @@ impl NameFacts {
     }
 }
 
-/// Sets the category of every allocation (and copies it to the frees that end them).
-pub(crate) fn assign(
+/// Sets the category of every allocation of a pipeline trace (and copies it to the frees that
+/// end them).
+pub(crate) fn assign_pipeline(
     snap: &Snapshot,
     replay: &Replay,
     names: &Names,
     labels: &mut [Label],
-    preexisting: &mut [Label],
 ) {
-    for l in preexisting.iter_mut() {
-        l.category = Category::PreExisting;
-    }
     let events = snap.trace(replay.device);
     let mut stack_cache = frames::PerStack::new(snap);
     let facts = NameFacts::new(names, names.len());
@@ -204,6 +225,11 @@ pub(crate) fn assign(
         };
         labels[i].category = category;
     }
+    copy_to_frees(replay, events, labels);
+}
+
+/// Gives each free the category of the allocation it ends.
+fn copy_to_frees(replay: &Replay, events: &[TraceEvent], labels: &mut [Label]) {
     for i in 0..events.len() {
         if events[i].action != Action::Alloc {
             let p = replay.partner[i];
@@ -214,6 +240,218 @@ pub(crate) fn assign(
             }
         }
     }
+}
+
+/// What decided the categories of a device's allocations, counted over its allocations (and
+/// the blocks alive before the trace).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct CategorySources {
+    /// The phase a block was allocated in and when it was freed.
+    pub lifetime: u64,
+    /// Frames on its stack (collectives, `AccumulateGrad`, recomputation, model set-up, batch
+    /// transfer, library workspaces).
+    pub frames: u64,
+    /// Custom rules.
+    pub rules: u64,
+    /// Alive before the trace started.
+    pub before_trace: u64,
+}
+
+/// Where each training step's forward starts and its backward ends, by event index.
+struct StepBounds {
+    first_forward: Vec<Option<usize>>,
+    last_backward: Vec<Option<usize>>,
+}
+
+impl StepBounds {
+    fn new(labels: &[Label]) -> StepBounds {
+        let steps = labels
+            .iter()
+            .map(|l| l.train_step as usize + 1)
+            .max()
+            .unwrap_or(0);
+        let mut b = StepBounds {
+            first_forward: vec![None; steps],
+            last_backward: vec![None; steps],
+        };
+        for (i, l) in labels.iter().enumerate() {
+            let t = l.train_step as usize;
+            match l.phase {
+                Phase::Forward => {
+                    b.first_forward[t].get_or_insert(i);
+                }
+                Phase::Backward => b.last_backward[t] = Some(i),
+                _ => {}
+            }
+        }
+        b
+    }
+
+    /// The first step whose forward starts after event `i`.
+    fn next_forward(&self, i: usize) -> Option<usize> {
+        self.first_forward
+            .iter()
+            .position(|f| f.is_some_and(|f| f > i))
+    }
+
+    /// Whether a step after `t` ran its backward to the end within the trace (a later step's
+    /// backward ends before the trace does, and some event follows it).
+    fn later_backward(&self, t: usize, len: usize) -> Option<usize> {
+        self.last_backward
+            .iter()
+            .skip(t + 1)
+            .flatten()
+            .copied()
+            .find(|&b| b + 1 < len)
+    }
+}
+
+/// Sets the category of every allocation of any PyTorch program from its lifetime (see the
+/// module doc) and copies it to the frees that end them.
+pub(crate) fn assign_generic(
+    snap: &Snapshot,
+    replay: &Replay,
+    names: &Names,
+    labels: &mut [Label],
+) -> CategorySources {
+    let events = snap.trace(replay.device);
+    let n = events.len().min(labels.len());
+    let mut sources = CategorySources::default();
+    let mut stack_cache = frames::PerStack::new(snap);
+    let facts = NameFacts::new(names, names.len());
+    let bounds = StepBounds::new(labels);
+    // stretches of events with one step, phase and micro-batch
+    let mut run = vec![0u32; n];
+    for i in 1..n {
+        let (a, b) = (&labels[i - 1], &labels[i]);
+        let same = a.train_step == b.train_step && a.phase == b.phase && a.mb == b.mb;
+        run[i] = run[i - 1] + u32::from(!same);
+    }
+    // sizes of the parameters and of the blocks alive before the trace: a gradient has its
+    // parameter's size
+    let mut param_sizes: std::collections::HashSet<u64> =
+        replay.preexisting.iter().map(|p| p.requested).collect();
+    let mut pending: Vec<usize> = Vec::new();
+    for i in 0..n {
+        if events[i].action != Action::Alloc {
+            continue;
+        }
+        let l = labels[i];
+        let free = replay.partner[i];
+        let freed = (free != NONE).then_some(free as usize);
+        let fl = freed.map(|f| labels[f]);
+        let same_run = freed.is_some_and(|f| run[f] == run[i]);
+        let t = l.train_step as usize;
+        let stack = events[i].stack;
+        let (comm, accumulate) = stack_cache.get(stack, || {
+            (
+                frames::stack_has(snap, stack, frames::COMMUNICATION),
+                frames::stack_has(snap, stack, frames::ACCUMULATE_GRAD),
+            )
+        });
+        let by_frames = |c: Category| (c, true);
+        let by_life = |c: Category| (c, false);
+        let (category, from_frames) = if l.phase == Phase::Communication
+            || comm
+            || NameFacts::get(&facts.comm, l.stage)
+            || NameFacts::get(&facts.comm, l.op)
+        {
+            by_frames(Category::Communication)
+        } else if names.get(l.op) == "recompute" {
+            by_frames(Category::Activation)
+        } else if accumulate || NameFacts::get(&facts.accumulate, l.detail) {
+            by_frames(Category::Gradient)
+        } else if l.hints & super::HINT_WORKSPACE != 0 && freed.is_none() {
+            by_frames(Category::Workspace)
+        } else {
+            match l.phase {
+                Phase::Optimizer => by_life(if same_run {
+                    Category::Temporary
+                } else {
+                    Category::OptimizerState
+                }),
+                Phase::Backward => {
+                    let inside = fl.is_some_and(|f| {
+                        f.phase == Phase::Backward && f.train_step == l.train_step && f.mb == l.mb
+                    });
+                    if inside {
+                        by_life(Category::Temporary)
+                    } else {
+                        // a gradient or a workspace, once the parameters' sizes are known
+                        pending.push(i);
+                        continue;
+                    }
+                }
+                Phase::Forward => by_life(if same_run {
+                    Category::Temporary
+                } else if bounds
+                    .later_backward(t, n)
+                    .is_some_and(|b| freed.is_none_or(|f| f > b))
+                {
+                    Category::Workspace
+                } else {
+                    Category::Activation
+                }),
+                _ if names.get(l.op) == "zero_grad" || same_run => by_life(Category::Temporary),
+                _ => {
+                    let next = bounds.next_forward(i);
+                    // alive past the backward of the step after the forward it precedes
+                    let persistent = match (next, freed) {
+                        (Some(s), None) => s + 1 < bounds.first_forward.len(),
+                        (Some(s), Some(f)) => bounds
+                            .last_backward
+                            .get(s + 1)
+                            .copied()
+                            .flatten()
+                            .is_some_and(|b| f > b),
+                        (None, _) => false,
+                    };
+                    let into_forward = next.is_some_and(|s| {
+                        let ff = bounds.first_forward[s].unwrap_or(usize::MAX);
+                        freed.is_none_or(|f| f > ff)
+                    });
+                    if l.hints & super::HINT_SETUP != 0 {
+                        by_frames(Category::Parameter)
+                    } else if persistent {
+                        by_life(Category::Parameter)
+                    } else if l.hints & super::HINT_INPUT != 0 {
+                        by_frames(Category::Input)
+                    } else if into_forward {
+                        by_life(Category::Input)
+                    } else if fl.is_some_and(|f| f.train_step == l.train_step) {
+                        by_life(Category::Temporary)
+                    } else {
+                        by_life(Category::Unknown)
+                    }
+                }
+            }
+        };
+        if category == Category::Parameter {
+            param_sizes.insert(events[i].size);
+        }
+        labels[i].category = category;
+        if from_frames {
+            sources.frames += 1;
+            labels[i].hints |= super::HINT_BY_FRAMES;
+        } else {
+            sources.lifetime += 1;
+        }
+    }
+    for i in pending {
+        let t = labels[i].train_step as usize;
+        let free = replay.partner[i];
+        let outlives = |b: usize| free == NONE || free as usize > b;
+        labels[i].category = if !param_sizes.contains(&events[i].size)
+            && bounds.later_backward(t, n).is_some_and(outlives)
+        {
+            Category::Workspace
+        } else {
+            Category::Gradient
+        };
+        sources.lifetime += 1;
+    }
+    copy_to_frees(replay, &events[..n], labels);
+    sources
 }
 
 #[cfg(test)]

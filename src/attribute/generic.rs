@@ -1,21 +1,31 @@
 //! The generic preset: phases of any PyTorch training loop from PyTorch's own frames and
 //! `record_function` annotations.
 //!
-//! Per stack: frames under `torch/optim/` mean the optimizer; frames of the autograd engine
-//! (C++), of an autograd node, or of `torch.autograd.backward` mean backward; module calls
-//! (`torch/nn/modules/module.py`) mean forward; frames of `torch/distributed/fsdp` name FSDP's
+//! Per stack, the innermost frame that names a phase decides: `zero_grad`; frames under
+//! `torch/optim/` mean the optimizer (unless the optimizer has called back into other code, a
+//! closure); `torch.autograd.backward`, `Tensor.backward`, the loops' `backward` and
+//! `manual_backward` entry points, `GradScaler.scale` and the autograd engine's C++ frames
+//! mean backward; the rest of `GradScaler` means the optimizer; module calls
+//! (`Module.__call__`) mean forward, while `Module.to`, `_apply`, initialisation and
+//! `load_state_dict` set the model up and data loaders' and loops' `to_device` helpers move
+//! a batch (hints for the categories); frames of `torch/distributed/fsdp` name FSDP's
 //! all-gather and reduce-scatter; `torch/utils/checkpoint.py` names activation recomputation.
+//! Python frames of another thread are backward's (hooks, recomputation) unless they run an
+//! optimizer. What the program computes between a forward and its backward outside any
+//! module (the loss) continues the forward.
 //! An event with no frames takes the phase of the main-thread event before it when that was a
 //! backward call (the main thread waits in `backward()` while the autograd thread allocates).
 //! An active `record_function` range named like a phase (`forward`, `backward`, `optimizer`)
-//! decides over frames. Training steps are counted at `ProfilerStep#N`/`step_N` ranges, or
-//! after each optimizer phase.
+//! decides over frames, except that an optimizer range holds the forward and backward its
+//! closure runs (the innermost evidence wins). `user_metadata` that names no phase (a
+//! module's name, set by a forward pre-hook) is the event's stage. Training steps are
+//! counted at `ProfilerStep#N`/`step_N` ranges, or from the phases (a step starts at the first forward after a backward and its update).
 
 use super::source::SourceFiles;
 use super::{frames, modules};
 use super::{Label, Names, Phase, STEP_NONE};
 use crate::replay::Preview;
-use crate::snapshot::{Action, Snapshot, StackId, Stage};
+use crate::snapshot::{Action, Snapshot, StackId, Stage, TraceEvent};
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Facts {
@@ -31,6 +41,14 @@ struct Facts {
     recompute: bool,
     /// `zero_grad()`.
     zero_grad: bool,
+    /// Setting the model up (`Module.to`, `_apply`, `load_state_dict`, initialisation) with
+    /// no phase on the stack.
+    setup: bool,
+    /// Moving a batch to the device (data loaders, the loops' `to_device` helpers) with no
+    /// phase on the stack.
+    input: bool,
+    /// C++ frames of a library workspace (cuBLAS, cuBLASLt, cuDNN).
+    workspace: bool,
     stage: super::NameId,
     /// Index of the stack's module chain (when the stage is its module path), or `NO_CHAIN`.
     chain: u32,
@@ -57,6 +75,17 @@ fn facts(
     let mut python = false;
     let mut collective = false;
     let mut zero_grad = false;
+    let mut setup = false;
+    let mut input = false;
+    let mut workspace = false;
+    // a Python frame other than PyTorch's inside the innermost optimizer frame
+    let mut foreign_inside = false;
+    let mut closure = false;
+    let mut scaler: Option<Phase> = None;
+    // The innermost frame that names a phase: an optimizer step that runs the model inside
+    // its closure (Lightning's automatic optimization, LBFGS) holds a forward and a backward,
+    // and an optimizer step run from a gradient hook is an update inside backward.
+    let mut innermost: Option<Phase> = None;
     for f in snap.stacks.frames(stack) {
         let file = snap.str(f.filename);
         let name = snap.str(f.name);
@@ -65,26 +94,76 @@ fn facts(
             {
                 collective = true;
             }
+            if name.contains("Workspace") || name.contains("getCurrentCUDABlasHandle") {
+                workspace = true;
+            }
+            if innermost.is_none()
+                && (name.contains("autograd::Engine::")
+                    || name.contains("PythonEngine::thread_init"))
+            {
+                innermost = Some(Phase::Backward);
+            }
             continue;
         }
         python = true;
         if name == "<module>" {
             main = true;
         }
+        let mut here = None;
         if name == "zero_grad" {
             zero_grad = true;
+            here = Some(Phase::Other);
         }
         if file.contains("torch/optim/") {
             optim = true;
+            // an optimizer that calls back into other code (a closure) is no evidence of
+            // the update itself
+            if !foreign_inside {
+                here = here.or(Some(Phase::Optimizer));
+            } else {
+                closure = true;
+            }
+        } else if !optim && frames::is_python(&f) && !frames::is_plumbing_file(file) {
+            foreign_inside = true;
         }
         if (file.ends_with("torch/autograd/__init__.py") && name == "backward")
             || (file.ends_with("torch/autograd/graph.py") && name == "_engine_run_backward")
             || (file.ends_with("torch/_tensor.py") && name == "backward")
         {
             backward_call = true;
+            here = here.or(Some(Phase::Backward));
+        } else if file.ends_with("torch/amp/grad_scaler.py")
+            || file.ends_with("torch/cuda/amp/grad_scaler.py")
+        {
+            // `scaler.scale(loss)` opens backward; unscaling, the step and the scale's update
+            // are the optimizer's (the outermost of its frames says which)
+            scaler = Some(if name == "scale" {
+                Phase::Backward
+            } else {
+                Phase::Optimizer
+            });
+        } else if name == "backward" || name == "manual_backward" {
+            // the loops' entry points to it (accelerate's `Accelerator.backward`, Lightning's
+            // `manual_backward` and strategy `backward`): loss scaling belongs to backward
+            here = here.or(Some(Phase::Backward));
         }
         if file.ends_with("torch/nn/modules/module.py") {
-            module = true;
+            if is_module_call(name) {
+                module = true;
+                here = here.or(Some(Phase::Forward));
+            } else if innermost.is_none() {
+                // `.to()`, `_apply`, `load_state_dict`: setting the model up, not running it
+                setup = true;
+            }
+        }
+        if innermost.is_none() && here.is_none() && is_setup_frame(file, name) {
+            setup = true;
+        }
+        if innermost.is_none() && here.is_none() && is_input_frame(file, name) {
+            input = true;
+        }
+        if innermost.is_none() {
+            innermost = here;
         }
         if file.contains("torch/distributed/fsdp")
             || file.contains("torch/distributed/_composable/fsdp")
@@ -109,16 +188,27 @@ fn facts(
     // Python frames without the main script at the bottom run on another thread: the autograd
     // engine's, when the main thread is inside backward() (decided while labelling).
     let other_thread = python && !main;
+    if innermost.is_none() {
+        innermost = scaler;
+    }
+    if engine && innermost.is_none() {
+        innermost = Some(Phase::Backward);
+    }
     let phase = if zero_grad {
         Some(Phase::Other)
-    } else if optim {
-        Some(Phase::Optimizer)
-    } else if engine || backward_call {
-        Some(Phase::Backward)
     } else if other_thread {
-        None
-    } else if module {
-        Some(Phase::Forward)
+        // module calls on another thread are activation checkpointing's recomputation inside
+        // backward (decided while labelling); an optimizer step there is an update run from
+        // a gradient hook
+        match innermost {
+            Some(Phase::Optimizer) => Some(Phase::Optimizer),
+            _ if engine => Some(Phase::Backward),
+            _ => None,
+        }
+    } else if innermost.is_some() {
+        innermost
+    } else if optim && !closure {
+        Some(Phase::Optimizer)
     } else if collective {
         Some(Phase::Communication)
     } else {
@@ -150,9 +240,49 @@ fn facts(
         module,
         recompute,
         zero_grad,
+        setup: setup && innermost.is_none(),
+        workspace,
+        input: input && innermost.is_none(),
         stage: names.intern(&stage),
         chain,
     }
+}
+
+/// `Module.__call__`: running a module (its forward and hooks).
+fn is_module_call(name: &str) -> bool {
+    matches!(
+        name,
+        "_call_impl" | "_wrapped_call_impl" | "__call__" | "forward"
+    )
+}
+
+/// Frames that set a model up: module construction and initialisation, moving it to the
+/// device, loading weights.
+fn is_setup_frame(file: &str, name: &str) -> bool {
+    file.ends_with("torch/nn/init.py")
+        || file.ends_with("torch/nn/parameter.py")
+        || file.ends_with("torch/serialization.py")
+        || (file.contains("torch/nn/modules/")
+            && (name == "__init__" || name == "reset_parameters"))
+        || name.contains("load_state_dict")
+        || name == "from_pretrained"
+        || name == "model_to_device"
+        || name == "prepare_model"
+}
+
+/// Frames that move a batch to the device.
+fn is_input_frame(file: &str, name: &str) -> bool {
+    file.contains("torch/utils/data/")
+        || matches!(
+            name,
+            "batch_to_device"
+                | "transfer_batch_to_device"
+                | "move_data_to_device"
+                | "send_to_device"
+                | "_prepare_input"
+                | "_prepare_inputs"
+                | "pin_memory"
+        )
 }
 
 /// Where the events' phases came from, counted over a device's events.
@@ -249,7 +379,7 @@ pub(crate) fn label(
     let mut last_phase: Option<Phase> = None;
     let mut train_step: u16 = 0;
     let mut first_step_number: Option<u32> = None;
-    let mut saw_optimizer = false;
+    let mut stepped_by_annotation = false;
     let mut counts = PhaseSources::default();
     let zero_grad_op = names.intern("zero_grad");
     let recompute_op = names.intern("recompute");
@@ -292,6 +422,14 @@ pub(crate) fn label(
                 .iter()
                 .any(|r| snap.str(r.2).to_ascii_lowercase().contains("zero_grad"));
         let no_frames = snap.stacks.stack(e.stack).is_empty();
+        let autograd_thread = (no_frames || f.other_thread) && last_main_backward;
+        // An optimizer range holds whatever runs inside it (a closure's forward and backward):
+        // the innermost evidence wins over it.
+        // So does the stretch between a forward and its backward inside the range (the loss).
+        let inner = matches!(f.phase, Some(Phase::Forward | Phase::Backward))
+            || autograd_thread
+            || (f.phase.is_none() && last_phase == Some(Phase::Forward) && all);
+        let annotated = annotated.filter(|&p| !(p == Phase::Optimizer && inner));
         let (phase, source) = if zero_grad {
             // the most specific evidence: gradients dropped, whatever range it runs in
             (Phase::Other, &mut counts.frames)
@@ -301,12 +439,16 @@ pub(crate) fn label(
             (p, &mut counts.annotation)
         } else if let Some(p) = f.phase {
             (p, &mut counts.frames)
-        } else if (no_frames || f.other_thread) && last_main_backward {
+        } else if autograd_thread {
             (Phase::Backward, &mut counts.autograd_thread)
         } else if f.other_thread && f.module {
             (Phase::Forward, &mut counts.frames)
         } else if let (true, Some(p)) = (is_free, last_phase) {
             (p, &mut counts.continued)
+        } else if last_phase == Some(Phase::Forward) && !f.setup && !f.input && all {
+            // the loss and whatever else the program computes between the model's forward and
+            // its backward, outside any module
+            (Phase::Forward, &mut counts.continued)
         } else {
             (Phase::Other, &mut counts.none)
         };
@@ -314,26 +456,11 @@ pub(crate) fn label(
         if f.main_thread {
             last_main_backward = f.in_backward_call;
         }
-        // training steps
-        match step_from_annotation {
-            Some(n) => {
-                let first = *first_step_number.get_or_insert(n);
-                train_step = n.saturating_sub(first) as u16;
-            }
-            None => {
-                if saw_optimizer
-                    && phase != Phase::Optimizer
-                    && !zero_grad
-                    && f.main_thread
-                    && !is_free
-                {
-                    train_step += 1;
-                    saw_optimizer = false;
-                }
-                if phase == Phase::Optimizer {
-                    saw_optimizer = true;
-                }
-            }
+        // training steps from `ProfilerStep#N` ranges; without them, from the phases below
+        if let Some(n) = step_from_annotation {
+            let first = *first_step_number.get_or_insert(n);
+            train_step = n.saturating_sub(first) as u16;
+            stepped_by_annotation = true;
         }
         if last_phase != Some(phase) && (f.main_thread || last_phase.is_none()) {
             segment += 1;
@@ -357,13 +484,25 @@ pub(crate) fn label(
         if all {
             l.train_step = train_step;
         }
-        l.stage = if f.stage == super::NameId::default() && phase == Phase::Backward {
+        // PyTorch's own label, when the program set one that names no phase: a module's
+        // name, as forward pre-hooks write them (`model.layers.3.mlp`)
+        let meta_stage = !meta.is_empty() && from_meta.is_none();
+        l.stage = if meta_stage {
+            names.intern(meta)
+        } else if f.stage == super::NameId::default() && phase == Phase::Backward {
             names.intern(super::AUTOGRAD_THREAD)
         } else {
             f.stage
         };
         l.call = segment | (1 << 31);
-        if f.chain != NO_CHAIN && e.action == Action::Alloc {
+        l.hints = if f.setup { super::HINT_SETUP } else { 0 }
+            | if f.input { super::HINT_INPUT } else { 0 }
+            | if f.workspace {
+                super::HINT_WORKSPACE
+            } else {
+                0
+            };
+        if f.chain != NO_CHAIN && e.action == Action::Alloc && !meta_stage {
             let ordinals = layers.step(&chains[f.chain as usize], segment);
             marks.push((i, f.chain, ordinals));
         }
@@ -378,6 +517,9 @@ pub(crate) fn label(
                 }
             }
         }
+    }
+    if all && !stepped_by_annotation {
+        count_train_steps(labels, events, zero_grad_op);
     }
     // Layers of loops: the outermost method called from a loop gets its ordinal.
     for (i, chain, ordinals) in marks {
@@ -397,6 +539,77 @@ pub(crate) fn label(
         }
     }
     counts
+}
+
+/// Numbers the training steps of a trace from its phases: a step starts with the first forward
+/// after a backward; the step before it ends with its update (the optimizer or `zero_grad`)
+/// and the frees that follow, so the loading of the next batch opens the step that uses it. Where the trace
+/// shows updates at all, a forward after a backward with no update between them is the next
+/// micro-batch of the same step (gradient accumulation), numbered in `mb`.
+fn count_train_steps(labels: &mut [Label], events: &[TraceEvent], zero_grad_op: super::NameId) {
+    let is_update = |l: &Label| l.phase == Phase::Optimizer || l.op == zero_grad_op;
+    let updates = labels.iter().any(is_update);
+    // (first event of the step, micro-batch count) as steps are found
+    let mut step: u16 = 0;
+    let mut micro: u16 = 0;
+    let mut backward_seen = false;
+    let mut updated = false;
+    // the last event of a backward or an update: a new step or micro-batch starts after it
+    let mut last_end: usize = 0;
+    let mut cuts: Vec<(usize, u16, u16)> = vec![(0, 0, 0)];
+    for (i, l) in labels.iter().enumerate() {
+        match l.phase {
+            Phase::Forward if backward_seen => {
+                if !updates || updated {
+                    step = step.saturating_add(1);
+                    micro = 0;
+                } else {
+                    micro = micro.saturating_add(1);
+                }
+                // frees after the update close the step (`del loss`); anything else after
+                // it (the batch's allocation, a segment for it) opens the next
+                let open = (last_end + 1..i)
+                    .find(|&k| {
+                        !matches!(
+                            events[k].action,
+                            Action::FreeRequested | Action::FreeCompleted
+                        )
+                    })
+                    .unwrap_or(i);
+                cuts.push((open, step, micro));
+                backward_seen = false;
+                updated = false;
+            }
+            Phase::Backward => {
+                backward_seen = true;
+                last_end = i;
+            }
+            _ if backward_seen && is_update(l) => {
+                updated = true;
+                last_end = i;
+            }
+            _ => {}
+        }
+    }
+    // micro-batches are numbered only in steps that have several
+    let mut several = vec![false; step as usize + 1];
+    for &(_, s, m) in &cuts {
+        if m > 0 {
+            several[s as usize] = true;
+        }
+    }
+    for (k, &(from, s, m)) in cuts.iter().enumerate() {
+        let to = cuts.get(k + 1).map_or(labels.len(), |c| c.0);
+        for l in &mut labels[from.min(to)..to] {
+            l.train_step = s;
+            let per_micro = matches!(l.phase, Phase::Forward | Phase::Backward);
+            l.mb = if several[s as usize] && per_micro {
+                m
+            } else {
+                super::NO_MB
+            };
+        }
+    }
 }
 
 #[cfg(test)]
@@ -419,5 +632,121 @@ mod tests {
         assert_eq!(step_number("ProfilerStep#12"), Some(12));
         assert_eq!(step_number("step_3"), Some(3));
         assert_eq!(step_number("stepper"), None);
+    }
+
+    /// A trace of `(phase, action)` pairs, labelled only with phases, as `count_train_steps`
+    /// reads them; returns `(train step, micro-batch)` per event.
+    fn steps_of(trace: &[(Phase, Action)], zero_grad: bool) -> Vec<(u16, u16)> {
+        let zg = super::super::NameId(7);
+        let mut labels: Vec<Label> = trace
+            .iter()
+            .map(|&(phase, _)| Label {
+                phase,
+                op: if zero_grad && phase == Phase::Other {
+                    zg
+                } else {
+                    super::super::NameId(0)
+                },
+                ..Label::EMPTY
+            })
+            .collect();
+        let events: Vec<TraceEvent> = trace
+            .iter()
+            .map(|&(_, action)| TraceEvent {
+                addr: 0,
+                size: 0,
+                time_us: 0,
+                stream: 0,
+                stack: StackId::default(),
+                compile_context: Default::default(),
+                user_metadata: Default::default(),
+                forward_frames: 0,
+                block_surplus: 0,
+                action,
+            })
+            .collect();
+        count_train_steps(&mut labels, &events, zg);
+        labels.iter().map(|l| (l.train_step, l.mb)).collect()
+    }
+
+    #[test]
+    fn train_steps_start_at_the_forward_after_an_update() {
+        use Action::{Alloc, FreeRequested as Free};
+        use Phase::*;
+        let none = crate::attribute::NO_MB;
+        // forward, backward, update, a free closing the step, the next batch, forward...
+        let trace = [
+            (Other, Alloc),
+            (Forward, Alloc),
+            (Backward, Alloc),
+            (Optimizer, Alloc),
+            (Other, Free),
+            (Other, Alloc),
+            (Forward, Alloc),
+            (Backward, Free),
+        ];
+        let got: Vec<u16> = steps_of(&trace, false).iter().map(|s| s.0).collect();
+        assert_eq!(got, [0, 0, 0, 0, 0, 1, 1, 1]);
+        // an optimizer range holding forward and backward (Lightning): the zero_grad between
+        // them opens no step
+        let trace = [
+            (Forward, Alloc),
+            (Other, Free),
+            (Backward, Alloc),
+            (Optimizer, Alloc),
+            (Forward, Alloc),
+            (Other, Free),
+            (Backward, Alloc),
+            (Optimizer, Alloc),
+        ];
+        let got: Vec<u16> = steps_of(&trace, true).iter().map(|s| s.0).collect();
+        assert_eq!(got, [0, 0, 0, 0, 1, 1, 1, 1]);
+        // gradient accumulation: two micro-batches per update, numbered
+        let trace = [
+            (Forward, Alloc),
+            (Backward, Alloc),
+            (Forward, Alloc),
+            (Backward, Alloc),
+            (Optimizer, Alloc),
+            (Forward, Alloc),
+            (Backward, Alloc),
+            (Forward, Alloc),
+            (Backward, Alloc),
+        ];
+        assert_eq!(
+            steps_of(&trace, false),
+            [
+                (0, 0),
+                (0, 0),
+                (0, 1),
+                (0, 1),
+                (0, none),
+                (1, 0),
+                (1, 0),
+                (1, 1),
+                (1, 1)
+            ]
+        );
+        // a trace that shows no update at all: each forward after a backward is a step
+        let trace = [
+            (Forward, Alloc),
+            (Backward, Alloc),
+            (Forward, Alloc),
+            (Backward, Alloc),
+        ];
+        let got: Vec<u16> = steps_of(&trace, false).iter().map(|s| s.0).collect();
+        assert_eq!(got, [0, 0, 1, 1]);
+        // a step whose update allocated nothing but zero_grad freed the gradients (a skipped
+        // GradScaler step)
+        let trace = [
+            (Forward, Alloc),
+            (Backward, Alloc),
+            (Other, Free),
+            (Forward, Alloc),
+            (Backward, Alloc),
+            (Optimizer, Alloc),
+        ];
+        let got: Vec<u16> = steps_of(&trace, true).iter().map(|s| s.0).collect();
+        assert_eq!(got, [0, 0, 0, 1, 1, 1]);
     }
 }

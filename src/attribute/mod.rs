@@ -34,7 +34,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::replay::{Preview, Replay};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Action, Snapshot};
 
 pub use category::Category;
 pub use schedule::Shape;
@@ -176,7 +176,19 @@ pub struct Label {
     pub annotation: NameId,
     /// Index of the call (pipeline) or phase segment (generic) the event ran in.
     pub call: u32,
+    /// What the stack says of an allocation outside any phase ([`HINT_SETUP`],
+    /// [`HINT_INPUT`], [`HINT_WORKSPACE`]), for its category.
+    pub hints: u8,
 }
+
+/// The stack sets a model up (`Module.to`, `_apply`, initialisation, `load_state_dict`).
+pub const HINT_SETUP: u8 = 1;
+/// The stack moves a batch to the device (data loaders, the loops' `to_device` helpers).
+pub const HINT_INPUT: u8 = 2;
+/// The stack is a library's workspace (cuBLAS, cuDNN C++ frames).
+pub const HINT_WORKSPACE: u8 = 4;
+/// The category was decided by frames rather than by the block's lifetime.
+pub const HINT_BY_FRAMES: u8 = 0x80;
 
 impl Label {
     /// A label that says nothing yet: no step, op, micro-batch, layer or call.
@@ -193,6 +205,7 @@ impl Label {
         category: Category::Unknown,
         annotation: NameId(0),
         call: u32::MAX,
+        hints: 0,
     };
 
     /// The label of a block that was alive before the first recorded event.
@@ -281,6 +294,8 @@ pub struct Attribution {
     pub pipeline: Option<PipelineInfo>,
     /// Where the phases of events outside a pipeline came from.
     pub phase_sources: generic::PhaseSources,
+    /// What decided the categories (generic preset; zero for pipelines).
+    pub category_sources: category::CategorySources,
 }
 
 impl Attribution {
@@ -289,6 +304,9 @@ impl Attribution {
     pub fn step_text(&self, l: &Label, multi_step: bool) -> String {
         let base = match l.pipe_step {
             STEP_NONE if l.is_before_trace() => return "before the trace".to_string(),
+            STEP_NONE if self.preset == Preset::Generic && l.mb != NO_MB => {
+                format!("{} mb {}", l.phase.as_str(), l.mb)
+            }
             STEP_NONE => l.phase.as_str().to_string(),
             STEP_BEFORE => "before step 1".to_string(),
             STEP_AFTER => "after step 8".to_string(),
@@ -390,10 +408,30 @@ impl Labelled {
             pipeline,
             phase_sources,
         } = self;
-        let mut preexisting = vec![Label::EMPTY; replay.preexisting.len()];
-        category::assign(snap, replay, &names, &mut labels, &mut preexisting);
+        let mut preexisting = vec![Label::BEFORE_TRACE; replay.preexisting.len()];
+        let mut category_sources = match preset {
+            Preset::Pithtrain => {
+                category::assign_pipeline(snap, replay, &names, &mut labels);
+                category::CategorySources::default()
+            }
+            Preset::Generic => category::assign_generic(snap, replay, &names, &mut labels),
+        };
+        category_sources.before_trace = preexisting.len() as u64;
         if let Some(rules) = &options.rules {
+            let before: Vec<Category> = labels.iter().map(|l| l.category).collect();
             rules.apply(snap, replay, &mut names, &mut labels, &mut preexisting);
+            let events = snap.trace(device);
+            for (i, (l, b)) in labels.iter().zip(before).enumerate() {
+                if l.category != b && events.get(i).is_some_and(|e| e.action == Action::Alloc) {
+                    category_sources.rules += 1;
+                    let from = if l.hints & HINT_BY_FRAMES != 0 {
+                        &mut category_sources.frames
+                    } else {
+                        &mut category_sources.lifetime
+                    };
+                    *from = from.saturating_sub(1);
+                }
+            }
         }
         Attribution {
             device,
@@ -403,6 +441,7 @@ impl Labelled {
             names,
             pipeline,
             phase_sources,
+            category_sources,
         }
     }
 }

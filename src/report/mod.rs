@@ -31,6 +31,9 @@ pub struct AttributionSummary {
     pub pipeline: Option<PipelineInfo>,
     /// Where the phases of events outside a pipeline came from (counts of events).
     pub phase_sources: crate::attribute::generic::PhaseSources,
+    /// What decided the categories of allocations (generic preset; counts of allocations).
+    #[serde(default)]
+    pub category_sources: crate::attribute::category::CategorySources,
 }
 
 /// Which stacks the recording kept.
@@ -272,6 +275,7 @@ impl DeviceReport {
                 preset: a.attribution.preset,
                 pipeline: a.attribution.pipeline.clone(),
                 phase_sources: a.attribution.phase_sources,
+                category_sources: a.attribution.category_sources,
             },
             peak: a.peak_place.clone(),
             peak_breakdown,

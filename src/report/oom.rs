@@ -44,11 +44,24 @@ pub struct OomOptions {
     pub recorded_conf: Option<AllocConf>,
 }
 
-/// One failure explained.
+/// A failed request the program went on after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct SurvivedOom {
+    /// The `oom` trace event.
+    pub event: usize,
+    /// The request, rounded as the allocator rounds it.
+    pub requested_bytes: u64,
+}
+
+/// One failure explained: the last of the trace, the one that raised.
 #[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct OomExplanation {
     /// The `oom` trace event.
     pub event: usize,
+    /// Earlier failures of the trace, which the program survived (caught by a library or by
+    /// the program), in order.
+    #[serde(default)]
+    pub survived: Vec<SurvivedOom>,
     /// The request, rounded as the allocator rounds it.
     pub requested_bytes: u64,
     /// The segment the allocator tried to get: PyTorch's "Tried to allocate".
@@ -92,7 +105,16 @@ pub struct OomExplanation {
 /// The figures and what-ifs for one device's failure; `None` when its trace has none.
 pub fn explain(a: &DeviceAnalysis, options: &OomOptions) -> Option<OomExplanation> {
     let (snap, replay) = (a.snap, &a.replay);
-    let oom = *replay.ooms.first()?;
+    // The failure that raised is the last: earlier ones were caught and survived (cuDNN
+    // trying a smaller workspace, a program that retries with a smaller batch).
+    let oom = *replay.ooms.last()?;
+    let survived: Vec<SurvivedOom> = replay.ooms[..replay.ooms.len() - 1]
+        .iter()
+        .map(|o| SurvivedOom {
+            event: o.event,
+            requested_bytes: o.requested,
+        })
+        .collect();
     let program = Program::new(snap, replay);
     let (recorded, _) = recorded_conf(a, options.recorded_conf.as_ref());
     let (check, sim) = simulate::self_check(
@@ -194,6 +216,7 @@ pub fn explain(a: &DeviceAnalysis, options: &OomOptions) -> Option<OomExplanatio
     let min_cap_bytes = simulate::min_cap(snap, replay, &program, &recorded, &base);
     Some(OomExplanation {
         event: oom.event,
+        survived,
         requested_bytes: oom.requested,
         alloc_size_bytes: alloc_size,
         allocated_bytes: oom.allocated,

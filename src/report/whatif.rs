@@ -136,7 +136,7 @@ impl DeviceWhatIf {
                 peak_allocated_bytes: peak.bytes,
                 peak_reserved_bytes: replay.peaks.reserved.bytes,
                 fragmentation_at_peak_bytes: reserved_at_peak.saturating_sub(peak.bytes),
-                oom: replay.ooms.first().map(|o| RecordedOom {
+                oom: replay.ooms.last().map(|o| RecordedOom {
                     event: o.event,
                     requested_bytes: o.requested,
                     allocated_bytes: o.allocated,

@@ -260,11 +260,20 @@ pub struct SelfCheck {
 /// its cache to retry an allocation, the cap (or the device) had refused that allocation's
 /// segment, so the cap is below the reserved bytes then plus the segment. At a failure, the
 /// device's free memory bounds it too. `None` when the run was never refused memory.
+///
+/// The run reserved its peak, so no cap below it can be right: a bound under the peak reserved
+/// bytes comes from cache released for another reason (`garbage_collection_threshold`
+/// reclaiming blocks before a request, `empty_cache()`) and is not evidence of a refusal.
 pub fn inferred_cap(replay: &Replay, program: &Program, recorded: &AllocConf) -> Option<u64> {
     let rules = recorded.size_rules();
     let reserved_before = |i: usize| replay.reserved_at(i.checked_sub(1));
+    let floor = replay.peaks.reserved.bytes;
     let mut bound: Option<u64> = None;
-    let mut tighten = |b: u64| bound = Some(bound.map_or(b, |x: u64| x.min(b)));
+    let mut tighten = |b: u64| {
+        if b >= floor {
+            bound = Some(bound.map_or(b, |x: u64| x.min(b)));
+        }
+    };
     for &(at, size, rounded) in &program.refusals {
         let rounded = if rounded { size } else { rules.round(size) };
         tighten(reserved_before(at) + model::allocation_size(rounded) - 1);

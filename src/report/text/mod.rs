@@ -346,21 +346,29 @@ fn write_attribution(
     }
     if d.attribution.pipeline.is_none() {
         let s = &d.attribution.phase_sources;
-        let parts: Vec<String> = [
-            (s.frames, "stack frames"),
-            (s.metadata, "memory metadata"),
-            (s.annotation, "record_function"),
-            (s.autograd_thread, "autograd thread"),
-            (s.continued, "continued (frees)"),
-            (s.none, "no evidence: other"),
-        ]
-        .iter()
-        .filter(|(n, _)| *n > 0)
-        .map(|(n, what)| format!("{what} {}", units::count(*n)))
-        .collect();
-        if !parts.is_empty() {
-            writeln!(out, "  phases from: {}", parts.join(" · "))?;
-        }
+        write_counts(
+            out,
+            "phases from",
+            &[
+                (s.frames, "stack frames"),
+                (s.metadata, "memory metadata"),
+                (s.annotation, "record_function"),
+                (s.autograd_thread, "autograd thread"),
+                (s.continued, "continued (frees)"),
+                (s.none, "no evidence: other"),
+            ],
+        )?;
+        let c = &d.attribution.category_sources;
+        write_counts(
+            out,
+            "categories from",
+            &[
+                (c.lifetime, "lifetime"),
+                (c.frames, "stack frames"),
+                (c.rules, "rules"),
+                (c.before_trace, "alive before the trace"),
+            ],
+        )?;
     }
     if let Some(info) = &d.attribution.pipeline {
         let from = match &info.steps_from {
@@ -491,4 +499,17 @@ fn write_markdown_device(
     writeln!(out, "- {}", status_line(d).join(" · "))?;
     write_attribution(out, d, options)?;
     writeln!(out)
+}
+
+/// `  WHAT: a 12 · b 3`, the non-zero counts; nothing when all are zero.
+fn write_counts(out: &mut dyn Write, what: &str, counts: &[(u64, &str)]) -> io::Result<()> {
+    let parts: Vec<String> = counts
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, label)| format!("{label} {}", units::count(*n)))
+        .collect();
+    if !parts.is_empty() {
+        writeln!(out, "  {what}: {}", parts.join(" · "))?;
+    }
+    Ok(())
 }

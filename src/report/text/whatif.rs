@@ -227,6 +227,23 @@ pub fn write_explanation(
         units::bytes(e.requested_bytes),
         units::bytes(e.alloc_size_bytes)
     )?;
+    if let Some(first) = e.survived.first() {
+        let largest = e
+            .survived
+            .iter()
+            .map(|o| o.requested_bytes)
+            .max()
+            .unwrap_or(0);
+        writeln!(
+            out,
+            "  before it, {} failed request{} survived (caught by a library such as cuDNN, which falls back to a kernel with a smaller workspace, or by the program): the first {} at event {}, the largest {}",
+            units::count(e.survived.len() as u64),
+            if e.survived.len() == 1 { " was" } else { "s were" },
+            units::bytes(first.requested_bytes),
+            units::count(first.event as u64),
+            units::bytes(largest)
+        )?;
+    }
     let allowed = match (e.cap_bytes, e.cap_inferred) {
         (Some(c), false) => format!(" {} allowed;", units::torch_size(c)),
         _ => String::new(),
