@@ -161,6 +161,11 @@ impl Program {
     }
 }
 
+/// Requested bytes of the live blocks at these addresses.
+fn held_bytes(live: &HashMap<u64, (u64, Category)>, ptrs: &[u64]) -> u64 {
+    ptrs.iter().filter_map(|a| live.get(a)).map(|v| v.0).sum()
+}
+
 /// The kinds of a mark and the category memsnap must give them, with the tolerance.
 const KINDS: [(&str, Category, f64); 4] = [
     ("param", Category::Parameter, 0.01),
@@ -207,7 +212,7 @@ fn categories_are_what_the_program_held() {
                 let Some(ptrs) = m.ptrs.get(kind) else {
                     continue;
                 };
-                let truth: u64 = ptrs.iter().filter_map(|a| live.get(a)).map(|v| v.0).sum();
+                let truth = held_bytes(&live, ptrs);
                 let right: u64 = ptrs
                     .iter()
                     .filter_map(|a| live.get(a))
@@ -251,14 +256,7 @@ fn the_peak_holds_the_printed_parameters_state_and_gradients() {
         let (Some(before), Some(after)) = (before, after) else {
             panic!("{name}: the peak between two marks")
         };
-        let held = |m: &Mark, kind: &str| -> u64 {
-            let live = p.live_before(m.at);
-            m.ptrs[kind]
-                .iter()
-                .filter_map(|a| live.get(a))
-                .map(|v| v.0)
-                .sum()
-        };
+        let held = |m: &Mark, kind: &str| held_bytes(&p.live_before(m.at), &m.ptrs[kind]);
         let got = |c| p.category_bytes(peak, c);
         assert!(
             within(got(Category::Parameter), held(before, "param"), 0.01),

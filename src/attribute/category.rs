@@ -261,6 +261,11 @@ pub struct CategorySources {
 struct StepBounds {
     first_forward: Vec<Option<usize>>,
     last_backward: Vec<Option<usize>>,
+    /// `(first forward event, step)` of the steps that have a forward, in event order.
+    forwards: Vec<(usize, usize)>,
+    /// For each step, the end of the backward of the first later step whose backward ends
+    /// before the trace does.
+    later_backward: Vec<Option<usize>>,
 }
 
 impl StepBounds {
@@ -270,39 +275,50 @@ impl StepBounds {
             .map(|l| l.train_step as usize + 1)
             .max()
             .unwrap_or(0);
-        let mut b = StepBounds {
-            first_forward: vec![None; steps],
-            last_backward: vec![None; steps],
-        };
+        let mut first_forward = vec![None; steps];
+        let mut last_backward = vec![None; steps];
         for (i, l) in labels.iter().enumerate() {
             let t = l.train_step as usize;
             match l.phase {
                 Phase::Forward => {
-                    b.first_forward[t].get_or_insert(i);
+                    first_forward[t].get_or_insert(i);
                 }
-                Phase::Backward => b.last_backward[t] = Some(i),
+                Phase::Backward => last_backward[t] = Some(i),
                 _ => {}
             }
         }
-        b
+        // steps are numbered in event order, so their first forwards increase with the step
+        let forwards = first_forward
+            .iter()
+            .enumerate()
+            .filter_map(|(t, f)| f.map(|f| (f, t)))
+            .collect();
+        let mut later_backward = vec![None; steps];
+        let mut found = None;
+        for t in (0..steps).rev() {
+            later_backward[t] = found;
+            if let Some(b) = last_backward[t].filter(|&b| b + 1 < labels.len()) {
+                found = Some(b);
+            }
+        }
+        StepBounds {
+            first_forward,
+            last_backward,
+            forwards,
+            later_backward,
+        }
     }
 
     /// The first step whose forward starts after event `i`.
     fn next_forward(&self, i: usize) -> Option<usize> {
-        self.first_forward
-            .iter()
-            .position(|f| f.is_some_and(|f| f > i))
+        let k = self.forwards.partition_point(|&(f, _)| f <= i);
+        self.forwards.get(k).map(|&(_, t)| t)
     }
 
-    /// Whether a step after `t` ran its backward to the end within the trace (a later step's
-    /// backward ends before the trace does, and some event follows it).
-    fn later_backward(&self, t: usize, len: usize) -> Option<usize> {
-        self.last_backward
-            .iter()
-            .skip(t + 1)
-            .flatten()
-            .copied()
-            .find(|&b| b + 1 < len)
+    /// The end of the backward of the first step after `t` that ran its backward to the end
+    /// within the trace (some event follows it).
+    fn later_backward(&self, t: usize) -> Option<usize> {
+        self.later_backward.get(t).copied().flatten()
     }
 }
 
@@ -385,7 +401,7 @@ pub(crate) fn assign_generic(
                 Phase::Forward => by_life(if same_run {
                     Category::Temporary
                 } else if bounds
-                    .later_backward(t, n)
+                    .later_backward(t)
                     .is_some_and(|b| freed.is_none_or(|f| f > b))
                 {
                     Category::Workspace
@@ -442,7 +458,7 @@ pub(crate) fn assign_generic(
         let free = replay.partner[i];
         let outlives = |b: usize| free == NONE || free as usize > b;
         labels[i].category = if !param_sizes.contains(&events[i].size)
-            && bounds.later_backward(t, n).is_some_and(outlives)
+            && bounds.later_backward(t).is_some_and(outlives)
         {
             Category::Workspace
         } else {

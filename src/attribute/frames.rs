@@ -249,10 +249,14 @@ pub fn autograd_node(snap: &Snapshot, stack: StackId) -> Option<String> {
 
 /// Whether a stack runs inside the autograd engine's C++ thread.
 pub fn in_autograd_engine(snap: &Snapshot, stack: StackId) -> bool {
-    snap.stacks.frames(stack).any(|f| {
-        let name = snap.str(f.name);
-        name.contains("autograd::Engine::") || name.contains("PythonEngine::thread_init")
-    })
+    snap.stacks
+        .frames(stack)
+        .any(|f| is_autograd_engine_frame(snap.str(f.name)))
+}
+
+/// Whether a C++ frame's symbol is the autograd engine's.
+pub(crate) fn is_autograd_engine_frame(name: &str) -> bool {
+    name.contains("autograd::Engine::") || name.contains("PythonEngine::thread_init")
 }
 
 /// `file:line (function)` with the file's last two path components.

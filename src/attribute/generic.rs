@@ -19,7 +19,8 @@
 //! decides over frames, except that an optimizer range holds the forward and backward its
 //! closure runs (the innermost evidence wins). `user_metadata` that names no phase (a
 //! module's name, set by a forward pre-hook) is the event's stage. Training steps are
-//! counted at `ProfilerStep#N`/`step_N` ranges, or from the phases (a step starts at the first forward after a backward and its update).
+//! counted at `ProfilerStep#N`/`step_N` ranges, or from the phases (a step starts at the
+//! first forward after a backward and its update).
 
 use super::source::SourceFiles;
 use super::{frames, modules};
@@ -97,10 +98,7 @@ fn facts(
             if name.contains("Workspace") || name.contains("getCurrentCUDABlasHandle") {
                 workspace = true;
             }
-            if innermost.is_none()
-                && (name.contains("autograd::Engine::")
-                    || name.contains("PythonEngine::thread_init"))
-            {
+            if innermost.is_none() && frames::is_autograd_engine_frame(name) {
                 innermost = Some(Phase::Backward);
             }
             continue;
@@ -151,17 +149,14 @@ fn facts(
             if is_module_call(name) {
                 module = true;
                 here = here.or(Some(Phase::Forward));
-            } else if innermost.is_none() {
+            } else {
                 // `.to()`, `_apply`, `load_state_dict`: setting the model up, not running it
                 setup = true;
             }
         }
-        if innermost.is_none() && here.is_none() && is_setup_frame(file, name) {
-            setup = true;
-        }
-        if innermost.is_none() && here.is_none() && is_input_frame(file, name) {
-            input = true;
-        }
+        // hints only where no frame names a phase (filtered once the stack is read)
+        setup |= is_setup_frame(file, name);
+        input |= is_input_frame(file, name);
         if innermost.is_none() {
             innermost = here;
         }
@@ -543,13 +538,13 @@ pub(crate) fn label(
 
 /// Numbers the training steps of a trace from its phases: a step starts with the first forward
 /// after a backward; the step before it ends with its update (the optimizer or `zero_grad`)
-/// and the frees that follow, so the loading of the next batch opens the step that uses it. Where the trace
-/// shows updates at all, a forward after a backward with no update between them is the next
-/// micro-batch of the same step (gradient accumulation), numbered in `mb`.
+/// and the frees that follow, so the loading of the next batch opens the step that uses it.
+/// Where the trace shows updates at all, a forward after a backward with no update between
+/// them is the next micro-batch of the same step (gradient accumulation), numbered in `mb`.
 fn count_train_steps(labels: &mut [Label], events: &[TraceEvent], zero_grad_op: super::NameId) {
     let is_update = |l: &Label| l.phase == Phase::Optimizer || l.op == zero_grad_op;
     let updates = labels.iter().any(is_update);
-    // (first event of the step, micro-batch count) as steps are found
+    // (first event, step, micro-batch) of each stretch, as they are found
     let mut step: u16 = 0;
     let mut micro: u16 = 0;
     let mut backward_seen = false;

@@ -177,7 +177,8 @@ pub struct Label {
     /// Index of the call (pipeline) or phase segment (generic) the event ran in.
     pub call: u32,
     /// What the stack says of an allocation outside any phase ([`HINT_SETUP`],
-    /// [`HINT_INPUT`], [`HINT_WORKSPACE`]), for its category.
+    /// [`HINT_INPUT`], [`HINT_WORKSPACE`]), for its category, and whether frames decided
+    /// that category ([`HINT_BY_FRAMES`]).
     pub hints: u8,
 }
 

@@ -32,7 +32,7 @@ among the replayed blocks. At the end: `PEAK max_memory_allocated=N max_memory_r
 Usage: python3 programs.py OUT_DIR PROGRAM
 """
 
-import contextlib
+import tempfile
 import lzma
 import os
 import pickle
@@ -279,7 +279,7 @@ def hf_trainer():
     T.model = model
     model.register_forward_hook(lambda *a: T.mark("forward", ptrs=True))
     args = tf.TrainingArguments(
-        output_dir="/tmp/hf_trainer_out", per_device_train_batch_size=4,
+        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4,
         gradient_accumulation_steps=2, max_steps=3, learning_rate=1e-4, report_to=[],
         save_strategy="no", logging_strategy="no", dataloader_num_workers=0,
         optim="adamw_torch", disable_tqdm=True,
