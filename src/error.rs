@@ -5,11 +5,19 @@ use std::path::{Path, PathBuf};
 
 use crate::attribute::rules::RulesError;
 use crate::chart::ChartError;
+use crate::output::OutputError;
 use crate::pickle::{DecodeError, FieldError};
 
 /// A file could not be read, decoded or analysed.
+///
+/// Shown as one line safe for a terminal: `FILE: WHAT`, control characters of the name
+/// escaped and a message of several lines (a parser's) joined.
 #[derive(Debug, thiserror::Error)]
-#[error("{}: {kind}", file.display())]
+#[error(
+    "{}: {}",
+    crate::units::printable(&file.display().to_string()),
+    crate::units::one_line(&kind.to_string())
+)]
 pub struct Error {
     /// The file concerned.
     pub file: PathBuf,
@@ -32,7 +40,7 @@ impl Error {
     pub fn is_usage(&self) -> bool {
         matches!(
             self.kind,
-            ErrorKind::Rules(_) | ErrorKind::Chart(_) | ErrorKind::Usage(_)
+            ErrorKind::Rules(_) | ErrorKind::Chart(_) | ErrorKind::Usage(_) | ErrorKind::Output(_)
         )
     }
 }
@@ -42,7 +50,7 @@ impl Error {
 #[non_exhaustive]
 pub enum ErrorKind {
     /// Opening, reading or writing failed.
-    #[error("{0}")]
+    #[error("{}", io_text(.0))]
     Io(io::Error),
     /// The pickle is corrupt, truncated, hostile or not data-only.
     #[error("{0}")]
@@ -65,4 +73,22 @@ pub enum ErrorKind {
     /// An option value that does not fit this file or command.
     #[error("{0}")]
     Usage(String),
+    /// An output that cannot be written (or must not be: it is an input).
+    #[error("{0}")]
+    Output(OutputError),
+}
+
+impl From<OutputError> for ErrorKind {
+    fn from(e: OutputError) -> ErrorKind {
+        ErrorKind::Output(e)
+    }
+}
+
+/// An I/O error's text for one line: the system's words without the trailing `(os error N)`.
+pub fn io_text(e: &io::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" (os error ") {
+        Some(at) if text.ends_with(')') => text[..at].to_string(),
+        _ => text,
+    }
 }

@@ -35,6 +35,7 @@ pub mod chart;
 mod error;
 pub mod export;
 pub mod memory;
+pub mod output;
 pub mod pickle;
 pub mod replay;
 pub mod report;
@@ -47,4 +48,4 @@ pub mod units;
 #[global_allocator]
 static ALLOCATOR: memory::Counting = memory::Counting;
 
-pub use error::{Error, ErrorKind};
+pub use error::{io_text, Error, ErrorKind};

@@ -9,5 +9,8 @@ use clap::Parser;
 static ALLOCATOR: memsnap::memory::Counting = memsnap::memory::Counting;
 
 fn main() -> std::process::ExitCode {
-    cli::run(cli::Cli::parse())
+    match cli::Cli::try_parse() {
+        Ok(parsed) => cli::run(parsed),
+        Err(e) => cli::command_line_error(e),
+    }
 }

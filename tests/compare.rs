@@ -213,3 +213,49 @@ fn usage_errors() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("no snapshot files"), "{}", stderr(&o));
 }
+
+/// A recursive walk through link loops ends, lists each snapshot once however many links reach
+/// it, skips a folder it cannot read with a note, and leaves out summaries met beside snapshots.
+#[test]
+fn recursive_walks_survive_loops_links_and_unreadable_folders() {
+    use std::os::unix::fs::symlink;
+    let dir = scratch();
+    let root = dir.path().join("runs");
+    let a = root.join("a");
+    std::fs::create_dir_all(&a).unwrap();
+    let snap = testdata("snapshots/single-gpu/memory_snapshot_rank0_step1.pickle.xz");
+    std::fs::copy(&snap, a.join("memory_snapshot_rank0_step1.pickle.xz")).unwrap();
+    std::fs::copy(&snap, root.join("memory_snapshot_rank1_step1.pickle.xz")).unwrap();
+    // Two loops (a link to the root below it, a link to itself) and a second path to a file.
+    symlink(&root, a.join("up")).unwrap();
+    symlink(".", a.join("here")).unwrap();
+    symlink(
+        a.join("memory_snapshot_rank0_step1.pickle.xz"),
+        root.join("memory_snapshot_rank0_step1.again.pickle.xz"),
+    )
+    .unwrap();
+    std::fs::write(root.join("summary.jsonl"), "{}\n").unwrap();
+    let closed = root.join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::copy(&snap, closed.join("memory_snapshot_rank2_step1.pickle.xz")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o000)).unwrap();
+    let unreadable = std::fs::read_dir(&closed).is_err(); // not when running as root
+    let o = memsnap(&["compare", "-r", &root.to_string_lossy(), "--json"]);
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let files: Vec<String> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["file"].as_str().unwrap().to_string())
+        .collect();
+    let expected = if unreadable { 2 } else { 3 };
+    assert_eq!(files.len(), expected, "{files:?}");
+    let err = stderr(&o);
+    assert!(err.contains("left out 1 report summary"), "{err}");
+    if unreadable {
+        assert!(err.contains("closed: cannot read the folder"), "{err}");
+    }
+}

@@ -65,6 +65,21 @@ fn json_lines_hold_the_report_figures() {
     ]);
     assert_eq!(printed.lines().count(), 4, "{printed}");
     let r = report(&file);
+    // The table names are memsnap's: a second export into the folder needs --force.
+    let again = memsnap(&[
+        "export",
+        &file,
+        "-o",
+        out.to_str().unwrap(),
+        "--format",
+        "jsonl",
+    ]);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(
+        stderr(&again).contains("give --force"),
+        "{}",
+        stderr(&again)
+    );
     let listed = ok(&[
         "export",
         &file,
@@ -73,6 +88,7 @@ fn json_lines_hold_the_report_figures() {
         "--format",
         "jsonl",
         "--json",
+        "--force",
     ]);
     let listed: serde_json::Value = serde_json::from_str(listed.trim()).unwrap();
     let names: Vec<&str> = listed["tables"]

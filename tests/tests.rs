@@ -7,6 +7,7 @@ mod errors;
 mod export;
 mod flamegraph;
 mod hostile;
+mod outputs;
 mod programs;
 mod real_world;
 mod report;

@@ -16,7 +16,9 @@ or as the dict that ``torch.cuda.memory._snapshot()`` returns. A dict is pickled
 
 Options are the command's long flags with dashes written as underscores: ``device=1`` is
 ``--device 1``, ``alloc_conf="expandable_segments:True"`` is ``--alloc-conf ...``, ``True`` adds a
-bare flag and ``False`` or ``None`` leaves it out. A failure raises :class:`MemsnapError` with
+bare flag and ``False`` or ``None`` leaves it out; a trailing underscore is dropped, so that
+``try_=["expandable_segments:True"]`` is ``--try ...``. Paths are passed after ``--``, so a file
+named ``-x.pickle`` is a file, never an option. A failure raises :class:`MemsnapError` with
 the command's one-line message.
 """
 
@@ -77,7 +79,7 @@ def binary() -> str:
 def _flags(options: Dict[str, Any]) -> List[str]:
     args: List[str] = []
     for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
+        flag = "--" + key.rstrip("_").replace("_", "-")
         if value is None or value is False:
             continue
         if value is True:
@@ -105,6 +107,11 @@ def _source(snapshot: Snapshot):
 def run(args: List[str], stdin: Optional[bytes] = None) -> str:
     """Runs ``memsnap`` with ``args`` and returns what it printed; raises :class:`MemsnapError`
     when it exits non-zero."""
+    return _run(args, stdin)[0]
+
+
+def _run(args: List[str], stdin: Optional[bytes] = None):
+    """What ``memsnap args`` printed on stdout and on stderr; raises on a non-zero exit."""
     done = subprocess.run(
         [binary(), *args],
         input=stdin,
@@ -114,12 +121,12 @@ def run(args: List[str], stdin: Optional[bytes] = None) -> str:
     if done.returncode != 0:
         message = done.stderr.decode("utf-8", "replace").strip() or f"memsnap exited {done.returncode}"
         raise MemsnapError(message, done.returncode)
-    return done.stdout.decode("utf-8")
+    return done.stdout.decode("utf-8"), done.stderr.decode("utf-8", "replace")
 
 
 def _json_command(command: str, snapshot: Snapshot, options: Dict[str, Any]) -> Dict[str, Any]:
     path, data = _source(snapshot)
-    out = run([command, "--json", "--quiet", *_flags(options), path], stdin=data)
+    out = run([command, "--json", "--quiet", *_flags(options), "--", path], stdin=data)
     return json.loads(out)
 
 
@@ -145,19 +152,15 @@ def timeline(snapshot: Snapshot, output: Union[str, "os.PathLike[str]"], by: str
     """Draws memory over time into ``output`` (.png or .svg), stacked by ``by`` (category, step,
     op, stage, site, phase or annotation), and returns the image paths written (one per device)."""
     path, data = _source(snapshot)
-    out = os.fspath(output)
-    flags = _flags({"output": out, "by": by, **options})
-    run(["timeline", "--quiet", *flags, path], stdin=data)
-    written = [out]
-    if not Path(out).exists():
-        base, ext = os.path.splitext(out)
-        parent = Path(out).parent
-        written = sorted(str(p) for p in parent.glob(Path(base).name + "-device*" + ext))
-    return written
+    flags = _flags({"output": os.fspath(output), "by": by, **options})
+    _, notes = _run(["timeline", "--quiet", *flags, "--", path], stdin=data)
+    # The files this run wrote, as it announced them: never images an earlier run left behind.
+    prefix = "memsnap: wrote "
+    return [line[len(prefix):] for line in notes.splitlines() if line.startswith(prefix)]
 
 
 def compare(*snapshots: Union[str, "os.PathLike[str]"], **options: Any) -> Dict[str, Any]:
     """The ``memsnap compare --json`` object for two or more snapshot files, folders or report
     summaries (``.json``/``.jsonl``)."""
     paths = [os.fspath(s) for s in snapshots]
-    return json.loads(run(["compare", "--json", "--quiet", *_flags(options), *paths]))
+    return json.loads(run(["compare", "--json", "--quiet", *_flags(options), "--", *paths]))

@@ -48,6 +48,28 @@ def main():
         with open(written[0], "rb") as f:
             check(f.read(8) == b"\x89PNG\r\n\x1a\n", "timeline(dict) wrote a PNG")
 
+    fits_tried = memsnap.whatif(OOM_SNAPSHOT, try_=["expandable_segments:True"])
+    check(isinstance(fits_tried, dict) and fits_tried.get("devices"), "whatif(path, try_=[...]) is --try")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        here = os.getcwd()
+        with open(SNAPSHOT, "rb") as f:
+            data = f.read()
+        os.chdir(tmp)
+        try:
+            # A file whose name starts with a dash is a file, not an option.
+            with open("-x.pickle.xz", "wb") as f:
+                f.write(data)
+            dashed = memsnap.report("-x.pickle.xz")
+            check(dashed["devices"][0]["peak_allocated_bytes"] == PRINTED_PEAK, "report('-x.pickle.xz')")
+            # An image an earlier run left is not returned as written by this one.
+            with open("t-device7.png", "wb") as f:
+                f.write(b"old")
+            written = memsnap.timeline("-x.pickle.xz", "t.png")
+            check(written == ["t.png"], f"timeline() returns only what it wrote ({written})")
+        finally:
+            os.chdir(here)
+
     try:
         memsnap.report("no-such-file.pickle")
         check(False, "a missing file raises")

@@ -272,6 +272,8 @@ pub struct PipelineInfo {
 pub struct Options {
     /// Folders where source files are looked up (see [`source`]).
     pub source_roots: Vec<PathBuf>,
+    /// Also read source files at the paths the snapshot records (see [`source`]).
+    pub recorded_sources: bool,
     /// Force a preset instead of choosing by the frames present.
     pub preset: Option<Preset>,
     /// Custom rules that override the preset.
@@ -367,7 +369,8 @@ pub fn label(snap: &Snapshot, preview: &Preview, options: &Options) -> Labelled 
         events.len()
     ];
     let mut info = None;
-    let mut sources = source::SourceFiles::new(options.source_roots.clone());
+    let mut sources =
+        source::SourceFiles::new(options.source_roots.clone(), options.recorded_sources);
     // The pipeline labelling finds no DualPipeV call (and leaves the labels alone) where the
     // program has none, so trying it is also how the preset is detected.
     if options.preset != Some(Preset::Generic) {

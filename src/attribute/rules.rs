@@ -76,17 +76,27 @@ fn parse_phase(s: &str) -> Option<Phase> {
 #[non_exhaustive]
 pub enum RulesError {
     /// Not valid TOML, or not the rules schema.
-    #[error("{0}")]
-    Toml(#[from] toml::de::Error),
+    #[error("line {line}, column {column}: {message}")]
+    Toml {
+        /// 1-based line of the error.
+        line: usize,
+        /// 1-based column (in characters) of the error.
+        column: usize,
+        /// What the TOML reader said, on one line.
+        message: String,
+    },
+    /// More rules than are read.
+    #[error("{0} rules: at most {MAX_RULES} are read")]
+    TooMany(usize),
     /// A `file` or `function` pattern that is not a regular expression.
-    #[error("rule {rule}: {field}: {source}")]
+    #[error("rule {rule}: {field}: not a regular expression: {message}")]
     Pattern {
         /// The rule's number.
         rule: usize,
         /// `file` or `function`.
         field: &'static str,
-        /// What the regex parser said.
-        source: regex::Error,
+        /// What the regex parser said, on one line.
+        message: String,
     },
     /// A category or phase name that does not exist.
     #[error("rule {rule}: unknown {field} {value:?}")]
@@ -103,10 +113,69 @@ pub enum RulesError {
     NoLabel(usize),
 }
 
+/// The most rules a file may hold.
+pub const MAX_RULES: usize = 1_000;
+/// The most memory one compiled pattern may take (and its lazy DFA's cache).
+const PATTERN_SIZE_LIMIT: usize = 1 << 20;
+
+/// A rule's pattern, compiled within a memory limit; the parser's error on one line.
+fn pattern(p: &str) -> Result<Regex, String> {
+    regex::RegexBuilder::new(p)
+        .size_limit(PATTERN_SIZE_LIMIT)
+        .dfa_size_limit(PATTERN_SIZE_LIMIT)
+        .build()
+        .map_err(|e| match e {
+            regex::Error::Syntax(text) => {
+                // "regex parse error:\n    PATTERN\n    ^^^\nerror: WHAT": keep WHAT.
+                let what = text
+                    .lines()
+                    .rev()
+                    .find_map(|l| l.strip_prefix("error: "))
+                    .unwrap_or("syntax error");
+                what.trim().to_string()
+            }
+            regex::Error::CompiledTooBig(limit) => format!(
+                "it compiles to more than {}, the most a pattern may take",
+                crate::units::bytes(limit as u64)
+            ),
+            other => crate::units::one_line(&other.to_string()),
+        })
+}
+
+/// A TOML error as line, column and the reader's first words.
+fn toml_error(text: &str, e: &toml::de::Error) -> RulesError {
+    let at = e.span().map_or(0, |s| s.start).min(text.len());
+    let before = &text[..text.floor_char_boundary_compat(at)];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    RulesError::Toml {
+        line,
+        column,
+        message: crate::units::one_line(e.message()),
+    }
+}
+
+/// `str::floor_char_boundary`, which is not stable on this toolchain.
+trait FloorCharBoundary {
+    fn floor_char_boundary_compat(&self, at: usize) -> usize;
+}
+
+impl FloorCharBoundary for str {
+    fn floor_char_boundary_compat(&self, mut at: usize) -> usize {
+        while at > 0 && !self.is_char_boundary(at) {
+            at -= 1;
+        }
+        at
+    }
+}
+
 impl RuleSet {
     /// Parses rules from TOML text; errors name the rule and the field.
     pub fn parse(text: &str) -> Result<RuleSet, RulesError> {
-        let raw: RawFile = toml::from_str(text)?;
+        let raw: RawFile = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
+        if raw.rule.len() > MAX_RULES {
+            return Err(RulesError::TooMany(raw.rule.len()));
+        }
         let mut rules = Vec::new();
         for (i, r) in raw.rule.into_iter().enumerate() {
             let n = i + 1;
@@ -114,10 +183,10 @@ impl RuleSet {
                 |field: &'static str, s: &Option<String>| -> Result<Option<Regex>, RulesError> {
                     s.as_deref()
                         .map(|p| {
-                            Regex::new(p).map_err(|source| RulesError::Pattern {
+                            pattern(p).map_err(|message| RulesError::Pattern {
                                 rule: n,
                                 field,
-                                source,
+                                message,
                             })
                         })
                         .transpose()

@@ -1,52 +1,120 @@
-//! Reading the program's own source, when it is at hand, to map line numbers to regions.
+//! Reading the program's own source, when the user points memsnap at it, to map line numbers
+//! to regions and methods to classes.
 //!
-//! Frames carry the path recorded on the training machine. The file is looked up there, or
-//! under `--source-root DIR`: the recorded path's suffixes are tried below `DIR` (so
-//! `/home/user/pithtrain/pithtrain/pipeline/dualpipev.py` is found as
-//! `DIR/pithtrain/pipeline/dualpipev.py` or `DIR/pipeline/dualpipev.py`).
+//! Frames carry the path recorded on the training machine, and a snapshot is untrusted input:
+//! it may name any file (`/proc/self/pagemap`, a sparse 6 GiB file, a secret). So a file is
+//! read only where the user allowed it:
+//! - below `--source-root DIR`: the recorded path's suffixes are tried below `DIR` (so
+//!   `/home/user/pithtrain/pithtrain/pipeline/dualpipev.py` is found as
+//!   `DIR/pithtrain/pipeline/dualpipev.py` or `DIR/pipeline/dualpipev.py`), and the file found
+//!   must lie inside `DIR` once links are resolved;
+//! - at the recorded path itself only with `--recorded-sources`.
+//!
+//! Either way only regular files named `*.py` are read, each at most [`MAX_FILE_BYTES`] and
+//! [`MAX_FILE_LINES`], and all of them together at most [`MAX_TOTAL_COST`] of memory.
 
 use std::collections::HashMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
+
+/// The largest source file read.
+pub const MAX_FILE_BYTES: u64 = 4 << 20;
+/// The most lines of a source file read (a file of newlines costs more as lines than bytes).
+pub const MAX_FILE_LINES: usize = 200_000;
+/// The memory all source files read may take together: their bytes and a line's overhead.
+pub const MAX_TOTAL_COST: u64 = 64 << 20;
+/// What a line costs beyond its bytes (a `String`'s header and the allocator's rounding).
+const LINE_OVERHEAD: u64 = 48;
+/// Recorded paths with more parts than this are not looked up below a root.
+const MAX_PARTS: usize = 64;
 
 /// Finds and caches source files.
 #[derive(Debug, Default)]
 pub struct SourceFiles {
-    roots: Vec<PathBuf>,
+    /// Each root as given and resolved (links followed), for the containment check.
+    roots: Vec<(PathBuf, PathBuf)>,
+    recorded: bool,
     cache: HashMap<String, Option<(PathBuf, Vec<String>)>>,
+    spent: u64,
 }
 
 impl SourceFiles {
-    /// Looks files up at their recorded path and below each root.
-    pub fn new(roots: Vec<PathBuf>) -> SourceFiles {
+    /// Looks files up below each root, and at their recorded path when `recorded`.
+    pub fn new(roots: Vec<PathBuf>, recorded: bool) -> SourceFiles {
+        let roots = roots
+            .into_iter()
+            .filter_map(|r| {
+                let resolved = std::fs::canonicalize(&r).ok()?;
+                Some((r, resolved))
+            })
+            .collect();
         SourceFiles {
             roots,
+            recorded,
             cache: HashMap::new(),
+            spent: 0,
         }
     }
 
     fn locate(&self, recorded: &str) -> Option<PathBuf> {
-        let parts: Vec<&str> = recorded.split('/').filter(|p| !p.is_empty()).collect();
-        for root in &self.roots {
+        if !recorded.ends_with(".py") {
+            return None;
+        }
+        let parts: Vec<&str> = recorded
+            .split('/')
+            .filter(|p| !p.is_empty() && *p != "." && *p != "..")
+            .collect();
+        let parts = &parts[parts.len().saturating_sub(MAX_PARTS)..];
+        for (root, resolved_root) in &self.roots {
             for start in 0..parts.len() {
                 let candidate = parts[start..]
                     .iter()
                     .fold(root.clone(), |p, part| p.join(part));
-                if candidate.is_file() {
+                let inside =
+                    std::fs::canonicalize(&candidate).is_ok_and(|c| c.starts_with(resolved_root));
+                if inside && candidate.is_file() {
                     return Some(candidate);
                 }
             }
         }
         let direct = Path::new(recorded);
-        (direct.is_absolute() && direct.is_file()).then(|| direct.to_path_buf())
+        (self.recorded && direct.is_absolute() && direct.is_file()).then(|| direct.to_path_buf())
+    }
+
+    /// The file's lines within the limits, or `None` when it is no regular file or too large.
+    fn read(&mut self, path: &Path) -> Option<Vec<String>> {
+        // Asked before opening: opening a named pipe waits for a writer.
+        if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+            return None;
+        }
+        let file = std::fs::File::open(path).ok()?;
+        let meta = file.metadata().ok()?;
+        if !meta.is_file() || meta.len() > MAX_FILE_BYTES {
+            return None;
+        }
+        crate::output::note_input(path);
+        // Files of /proc say they are empty and never end: the read is bounded anyway.
+        let mut bytes = Vec::new();
+        file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).ok()?;
+        if bytes.len() as u64 > MAX_FILE_BYTES {
+            return None;
+        }
+        let text = String::from_utf8(bytes).ok()?;
+        let count = text.lines().take(MAX_FILE_LINES + 1).count();
+        let cost = text.len() as u64 + LINE_OVERHEAD * count as u64;
+        if count > MAX_FILE_LINES || self.spent + cost > MAX_TOTAL_COST {
+            return None;
+        }
+        self.spent += cost;
+        Some(text.lines().map(str::to_string).collect())
     }
 
     /// The lines of the file recorded as `recorded`, if it can be found.
     pub fn lines(&mut self, recorded: &str) -> Option<&[String]> {
         if !self.cache.contains_key(recorded) {
-            let found = self.locate(recorded).and_then(|p| {
-                let text = std::fs::read_to_string(&p).ok()?;
-                Some((p, text.lines().map(str::to_string).collect()))
-            });
+            let found = self
+                .locate(recorded)
+                .and_then(|p| Some((p.clone(), self.read(&p)?)));
             self.cache.insert(recorded.to_string(), found);
         }
         self.cache
@@ -196,9 +264,65 @@ mod tests {
         let pkg = dir.path().join("pipeline");
         std::fs::create_dir_all(&pkg).unwrap();
         std::fs::write(pkg.join("dualpipev.py"), "a\nb\n").unwrap();
-        let mut files = SourceFiles::new(vec![dir.path().to_path_buf()]);
+        let mut files = SourceFiles::new(vec![dir.path().to_path_buf()], false);
         let got = files.lines("/home/user/pithtrain/pithtrain/pipeline/dualpipev.py");
         assert_eq!(got.map(|l| l.len()), Some(2));
         assert!(files.lines("/nowhere/else.py").is_none());
+    }
+
+    #[test]
+    fn only_allowed_python_files_within_the_limits_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        let outside = dir.path().join("secret.py");
+        std::fs::write(&outside, "token = 1\n").unwrap();
+        std::fs::write(root.join("notes.txt"), "a\n").unwrap();
+        std::fs::write(
+            root.join("big.py"),
+            vec![b'\n'; MAX_FILE_BYTES as usize + 1],
+        )
+        .unwrap();
+        std::fs::write(root.join("lines.py"), vec![b'\n'; MAX_FILE_LINES + 1]).unwrap();
+        let recorded = outside.to_str().unwrap().to_string();
+        // The recorded path is read only when allowed.
+        let mut files = SourceFiles::new(vec![root.clone()], false);
+        assert!(files.lines(&recorded).is_none());
+        assert!(SourceFiles::new(vec![], true).lines(&recorded).is_some());
+        // `..` cannot climb out of a root, nor can a link.
+        assert!(files.lines("x/../../secret.py").is_none());
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(&outside, root.join("link.py")).unwrap();
+            assert!(files.lines("/far/away/link.py").is_none());
+            std::os::unix::fs::symlink("/proc/self/pagemap", root.join("pagemap.py")).unwrap();
+            let mut anything = SourceFiles::new(vec![], true);
+            assert!(anything.lines("/proc/self/pagemap").is_none());
+            assert!(anything
+                .lines(root.join("pagemap.py").to_str().unwrap())
+                .is_none());
+        }
+        // Not Python, too large, too many lines.
+        assert!(files.lines("/x/notes.txt").is_none());
+        assert!(files.lines("/x/big.py").is_none());
+        assert!(files.lines("/x/lines.py").is_none());
+        assert_eq!(files.spent, 0);
+    }
+
+    #[test]
+    fn all_sources_together_stay_within_the_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let line = "x = 1\n".repeat(150_000);
+        let per_file = line.len() as u64 + LINE_OVERHEAD * 150_000;
+        let n = (MAX_TOTAL_COST / per_file) as usize + 2;
+        for k in 0..n {
+            std::fs::write(dir.path().join(format!("m{k}.py")), &line).unwrap();
+        }
+        let mut files = SourceFiles::new(vec![dir.path().to_path_buf()], false);
+        let read = (0..n)
+            .filter(|k| files.lines(&format!("/a/m{k}.py")).is_some())
+            .count();
+        assert_eq!(read, (MAX_TOTAL_COST / per_file) as usize);
+        assert!(files.spent <= MAX_TOTAL_COST);
     }
 }

@@ -79,6 +79,19 @@ pub enum ChartError {
         /// Smallest height drawn.
         min_height: u32,
     },
+    /// The image would take more memory than a chart is worth.
+    #[error(
+        "a {width}x{height} chart is too large; use at most {max_side} pixels a side and {} megapixels",
+        Options::MAX_PIXELS / 1_000_000
+    )]
+    TooLarge {
+        /// Width asked for.
+        width: u32,
+        /// Height asked for.
+        height: u32,
+        /// Largest width or height drawn.
+        max_side: u32,
+    },
     /// Drawing or writing the image failed.
     #[error("cannot draw the chart: {0}")]
     Draw(String),
@@ -103,8 +116,23 @@ impl Options {
     /// legend need this much room.
     pub const MIN_SIZE: (u32, u32) = (600, 400);
 
-    /// Refuses sizes too small to read.
+    /// The largest width or height drawn.
+    pub const MAX_SIDE: u32 = 16_384;
+    /// The most pixels drawn (a PNG's buffer holds three bytes each: 150 MB at most).
+    pub const MAX_PIXELS: u64 = 50_000_000;
+
+    /// Refuses sizes too small to read, and sizes whose image buffer would be huge.
     pub fn check_size(&self) -> Result<(), ChartError> {
+        if self.width > Self::MAX_SIDE
+            || self.height > Self::MAX_SIDE
+            || u64::from(self.width) * u64::from(self.height) > Self::MAX_PIXELS
+        {
+            return Err(ChartError::TooLarge {
+                width: self.width,
+                height: self.height,
+                max_side: Self::MAX_SIDE,
+            });
+        }
         let (min_width, min_height) = Self::MIN_SIZE;
         if self.width < min_width || self.height < min_height {
             return Err(ChartError::TooSmall {

@@ -60,33 +60,111 @@ fn is_snapshot_name(p: &Path) -> bool {
 
 /// The files to compare: folders are listed (snapshot files only, sorted; sub-folders too
 /// with `recursive`), files kept. Also says whether a folder was given.
-fn expand(inputs: &[PathBuf], recursive: bool) -> io::Result<(Vec<PathBuf>, bool)> {
+///
+/// The walk follows links to folders but enters each folder once (a link loop ends there),
+/// lists each file once however many paths reach it, and skips a folder it cannot read with a
+/// note. Report summaries (`.jsonl`) met in folders beside snapshots are left out, with a note:
+/// a folder of ranks often holds the summaries of an earlier run.
+fn expand(inputs: &[PathBuf], recursive: bool) -> (Vec<PathBuf>, bool) {
     let mut files = Vec::new();
     let mut any_dir = false;
+    let mut seen_dirs = Vec::new();
+    let mut seen_files = Vec::new();
+    let mut listed = Vec::new();
     for input in inputs {
         if input.is_dir() {
             any_dir = true;
             let mut found = Vec::new();
-            list_folder(input, recursive, &mut found)?;
+            list_folder(input, recursive, &mut seen_dirs, &mut found);
             found.sort();
-            files.extend(found);
+            for f in found {
+                if first_time(&f, &mut seen_files) {
+                    listed.push(files.len());
+                    files.push(f);
+                }
+            }
         } else {
             files.push(input.clone());
         }
     }
-    Ok((files, any_dir))
-}
-
-fn list_folder(dir: &Path, recursive: bool, found: &mut Vec<PathBuf>) -> io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let p = entry?.path();
-        if p.is_dir() && recursive {
-            list_folder(&p, recursive, found)?;
-        } else if p.is_file() && (is_snapshot_name(&p) || is_summary_name(&p)) {
-            found.push(p);
+    let has_snapshots = files.iter().any(|f| !is_summary_name(f));
+    if has_snapshots {
+        let summaries = listed
+            .iter()
+            .filter(|&&i| is_summary_name(&files[i]))
+            .count();
+        if summaries > 0 {
+            let mut k = 0;
+            files.retain(|f| {
+                let from_folder = listed.contains(&k);
+                k += 1;
+                !(from_folder && is_summary_name(f))
+            });
+            note!(
+                "memsnap: left out {} found beside the snapshots",
+                memsnap::units::counted(summaries as u64, "report summary (.jsonl)")
+            );
         }
     }
-    Ok(())
+    (files, any_dir)
+}
+
+/// Whether the file or folder at `path` is met for the first time (by device and inode, so
+/// that links and other paths to it count as the same).
+fn first_time(path: &Path, seen: &mut Vec<(u64, u64)>) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(m) = std::fs::metadata(path) else {
+            return true;
+        };
+        let id = (m.dev(), m.ino());
+        if seen.contains(&id) {
+            return false;
+        }
+        seen.push(id);
+        true
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (path, seen);
+        true
+    }
+}
+
+fn list_folder(
+    root: &Path,
+    recursive: bool,
+    seen_dirs: &mut Vec<(u64, u64)>,
+    found: &mut Vec<PathBuf>,
+) {
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        if !first_time(&dir, seen_dirs) {
+            continue;
+        }
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) => {
+                note!(
+                    "memsnap: {}: cannot read the folder ({}); skipped",
+                    super::shown(&dir),
+                    memsnap::io_text(&e)
+                );
+                continue;
+            }
+        };
+        for entry in entries.flatten() {
+            let p = entry.path();
+            if p.is_dir() {
+                if recursive {
+                    pending.push(p);
+                }
+            } else if p.is_file() && (is_snapshot_name(&p) || is_summary_name(&p)) {
+                found.push(p);
+            }
+        }
+    }
 }
 
 /// What one file gives the comparison: a profile and, when charts are drawn, a panel for each
@@ -186,7 +264,7 @@ fn load_all(
 
 pub fn run(args: CompareArgs) -> Result<(), Failure> {
     let options = args.input.analysis()?;
-    let (files, any_dir) = expand(&args.inputs, args.recursive)?;
+    let (files, any_dir) = expand(&args.inputs, args.recursive);
     if files.is_empty() {
         let hint = if args.recursive {
             ""
@@ -208,15 +286,19 @@ pub fn run(args: CompareArgs) -> Result<(), Failure> {
         Some(png) => {
             chart::check_output(png)
                 .map_err(|e| memsnap::Error::new(png, memsnap::ErrorKind::Chart(e)))?;
+            super::check_output(png, memsnap::output::Naming::Named)?;
             Some(chart::Options::default())
         }
         None => None,
     };
     if files.iter().any(|f| is_summary_name(f)) {
-        if !files.iter().all(|f| is_summary_name(f)) {
-            return Err(Failure::Usage(
-                "give snapshots or report summaries (.jsonl), not both".into(),
-            ));
+        if let Some(summary) = files.iter().find(|f| is_summary_name(f)) {
+            if files.iter().any(|f| !is_summary_name(f)) {
+                return Err(Failure::Usage(format!(
+                    "{}: is a report summary (.jsonl): give snapshots or summaries, not both",
+                    summary.display()
+                )));
+            }
         }
         return summaries::run(&files, &args);
     }
@@ -267,9 +349,11 @@ pub fn run(args: CompareArgs) -> Result<(), Failure> {
         } else {
             format!("{} snapshots", panels.len())
         };
-        chart::render_panels(png, &panels, co, &title)
-            .map_err(|e| memsnap::Error::new(png, memsnap::ErrorKind::Chart(e)))?;
-        eprintln!("memsnap: wrote {}", png.display());
+        super::timeline::draw_to(png, memsnap::output::Naming::Named, |at| {
+            chart::render_panels(at, &panels, co, &title)
+                .map_err(|e| memsnap::Error::new(at, memsnap::ErrorKind::Chart(e)))
+        })?;
+        note!("memsnap: wrote {}", super::shown(png));
     }
     tally.finish()
 }

@@ -1,9 +1,10 @@
 //! `memsnap export FILE -o DIR`: the events, blocks, steps and peak tables as files.
 
-use std::io::{BufWriter, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use memsnap::export::tables::{self, Table};
+use memsnap::output::{Naming, Pending};
 use memsnap::units;
 
 use super::{load, Failure, InputArgs};
@@ -79,19 +80,33 @@ pub fn run(args: ExportArgs) -> Result<(), Failure> {
         .map(|&d| memsnap::analysis::analyse_device(&snap, d, &options))
         .collect();
     let mut written = Vec::new();
-    for table in tables::tables(&analyses) {
-        let path = args
-            .output
-            .join(format!("{}.{}", table.name, args.format.extension()));
-        write(&table, &path, args.format)
-            .map_err(|m| Failure::Usage(format!("{}: cannot write it: {m}", path.display())))?;
+    let all = tables::tables(&analyses);
+    let path_of = |table: &Table| {
+        args.output
+            .join(format!("{}.{}", table.name, args.format.extension()))
+    };
+    // Every name is checked before the first table is written.
+    for table in &all {
+        super::check_output(&path_of(table), Naming::Chosen)?;
+    }
+    let mut stdout = io::stdout().lock();
+    for table in all {
+        let path = path_of(&table);
+        let pending = super::create_output(&path, Naming::Chosen)?;
+        write(&table, pending, args.format).map_err(|m| {
+            memsnap::Error::new(
+                &path,
+                memsnap::ErrorKind::Usage(format!("cannot write it: {m}")),
+            )
+        })?;
         if !args.json {
-            println!(
+            writeln!(
+                stdout,
                 "wrote {} ({}, {})",
                 path.display(),
                 units::counted(table.rows() as u64, "row"),
                 units::counted(table.columns.len() as u64, "column")
-            );
+            )?;
         }
         written.push(serde_json::json!({
             "table": table.name,
@@ -101,11 +116,13 @@ pub fn run(args: ExportArgs) -> Result<(), Failure> {
         }));
     }
     if args.json {
-        println!(
+        writeln!(
+            stdout,
             "{}",
             serde_json::json!({ "format": args.format.extension(), "tables": written })
-        );
+        )?;
     }
+    stdout.flush()?;
     Ok(())
 }
 
@@ -131,22 +148,25 @@ fn prepare_folder(dir: &Path) -> Result<(), Failure> {
         .map_err(|e| Failure::Usage(format!("{}: cannot create it: {e}", dir.display())))
 }
 
-fn write(table: &Table, path: &Path, format: Format) -> Result<(), String> {
+/// Writes one table through its pending output and puts it in place.
+fn write(table: &Table, mut out: Pending, format: Format) -> Result<(), String> {
     match format {
         Format::Jsonl => {
-            let file = std::fs::File::create(path).map_err(|e| e.to_string())?;
-            let mut out = BufWriter::new(file);
-            tables::write_jsonl(&mut out, table)
-                .and_then(|()| out.flush())
-                .map_err(|e| e.to_string())
+            let mut buffered = BufWriter::new(out.file());
+            tables::write_jsonl(&mut buffered, table)
+                .and_then(|()| buffered.flush())
+                .map_err(|e| e.to_string())?;
         }
         #[cfg(feature = "export")]
         Format::Parquet => {
-            memsnap::export::parquet::write_parquet(table, path).map_err(|e| e.to_string())
+            memsnap::export::parquet::write_parquet(table, out.file()).map_err(|e| e.to_string())?
         }
         #[cfg(feature = "export")]
-        Format::Csv => memsnap::export::parquet::write_csv(table, path).map_err(|e| e.to_string()),
+        Format::Csv => {
+            memsnap::export::parquet::write_csv(table, out.file()).map_err(|e| e.to_string())?
+        }
         #[cfg(not(feature = "export"))]
         Format::Parquet | Format::Csv => unreachable!("refused in run"),
     }
+    out.commit().map_err(|e| e.to_string())
 }

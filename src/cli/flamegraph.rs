@@ -4,6 +4,7 @@ use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
 
 use memsnap::chart::flamegraph::{self, Moment, Root};
+use memsnap::output::Naming;
 use memsnap::units;
 
 use super::{load, Failure, InputArgs};
@@ -29,9 +30,10 @@ pub enum RootArg {
 pub struct FlamegraphArgs {
     /// Snapshot file (`-` reads standard input).
     pub file: PathBuf,
-    /// Output SVG (default: flamegraph.svg); ignored with --folded.
-    #[arg(short, long, value_name = "FILE", default_value = "flamegraph.svg")]
-    pub output: PathBuf,
+    /// Output SVG (default: flamegraph.svg, which is not written over without --force);
+    /// ignored with --folded.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
     /// The moment: peak, end, #EVENT or SECONDS s (from the first event), e.g. 3.2s.
     #[arg(long, default_value = "peak", value_parser = parse_moment)]
     pub at: Moment,
@@ -75,19 +77,19 @@ pub(super) fn pick_device(
 }
 
 pub fn run(args: FlamegraphArgs) -> Result<(), Failure> {
-    let fail = |e| memsnap::Error::new(&args.output, memsnap::ErrorKind::Chart(e));
-    if !args.folded && args.output.extension().and_then(|e| e.to_str()) != Some("svg") {
+    let (output, naming) = match &args.output {
+        Some(path) => (path.clone(), Naming::Named),
+        None => (PathBuf::from("flamegraph.svg"), Naming::Chosen),
+    };
+    let fail = |e| memsnap::Error::new(&output, memsnap::ErrorKind::Chart(e));
+    if !args.folded && output.extension().and_then(|e| e.to_str()) != Some("svg") {
         return Err(Failure::Usage(format!(
             "{}: a flamegraph is an SVG: give a file ending in .svg, or --folded",
-            args.output.display()
+            output.display()
         )));
     }
     if !args.folded {
-        if let Some(dir) = args.output.parent().filter(|d| !d.as_os_str().is_empty()) {
-            if !dir.is_dir() {
-                return Err(fail(memsnap::chart::ChartError::NoFolder(dir.to_path_buf())).into());
-            }
-        }
+        super::check_output(&output, naming)?;
     }
     let options = args.input.analysis()?;
     let snap = load(&args.file)?;
@@ -125,12 +127,9 @@ pub fn run(args: FlamegraphArgs) -> Result<(), Failure> {
         "{name} · device {device} · {moment} · {} allocated",
         units::bytes(total)
     );
-    let mut file = std::fs::File::create(&args.output).map_err(|e| {
-        fail(memsnap::chart::ChartError::Draw(format!(
-            "cannot create it: {e}"
-        )))
-    })?;
-    flamegraph::write_svg(&mut file, &lines, &title).map_err(fail)?;
-    eprintln!("memsnap: wrote {}", args.output.display());
+    let mut pending = super::create_output(&output, naming)?;
+    flamegraph::write_svg(pending.file(), &lines, &title).map_err(fail)?;
+    super::commit_output(pending, &output)?;
+    note!("memsnap: wrote {}", super::shown(&output));
     Ok(())
 }

@@ -2,6 +2,14 @@
 //! library options here, once; the library never sees clap. Every command returns
 //! `Result<(), Failure>`, and [`exit_code`] alone turns that into the process's exit code.
 
+/// One line on stderr; a closed or full stderr is no reason to stop (`eprintln!` would panic).
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod compare;
 mod export;
 mod flamegraph;
@@ -39,6 +47,11 @@ pub struct Cli {
     /// Longest decompressed pickle memsnap reads, e.g. `16GiB`.
     #[arg(long, global = true, value_name = "SIZE", default_value = "16GiB", value_parser = parse_size_arg)]
     max_size: u64,
+    /// Write over existing files whose names memsnap chose itself (per-device images, charts
+    /// in a --png folder, export tables, the default flamegraph.svg). Inputs are never written
+    /// over.
+    #[arg(long, global = true)]
+    force: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -122,13 +135,13 @@ pub fn exit_code(outcome: Result<(), Failure>) -> ExitCode {
             code_of(&e)
         }
         Err(Failure::Usage(message)) => {
-            let _ = writeln!(io::stderr(), "memsnap: {message}");
+            note!("memsnap: {}", memsnap::units::printable(&message));
             EXIT_USAGE
         }
         Err(Failure::Printed(code)) => code,
         Err(Failure::Output(e)) if e.kind() == io::ErrorKind::BrokenPipe => 0,
         Err(Failure::Output(e)) => {
-            let _ = writeln!(io::stderr(), "memsnap: cannot write the output: {e}");
+            note!("memsnap: cannot write the output: {}", memsnap::io_text(&e));
             EXIT_FILE
         }
     };
@@ -202,6 +215,10 @@ pub struct InputArgs {
     /// `# Stage N.` regions (the recorded path's suffixes are tried below it).
     #[arg(long, value_name = "DIR")]
     source_root: Vec<std::path::PathBuf>,
+    /// Also read source files at the paths the snapshot records, when they exist here (off by
+    /// default: a snapshot may name any file). Only `.py` files of at most 4 MiB are read.
+    #[arg(long)]
+    recorded_sources: bool,
     /// Attribution rule set.
     #[arg(long, value_enum, default_value_t = PresetArg::Auto)]
     preset: PresetArg,
@@ -217,9 +234,9 @@ impl InputArgs {
         let rules = match &self.rules {
             Some(path) => {
                 let fail = |kind| memsnap::Error::new(path, kind);
-                let text = std::fs::read_to_string(path).map_err(|e| {
+                let text = read_small_text(path, MAX_RULES_BYTES).map_err(|m| {
                     fail(memsnap::ErrorKind::Usage(format!(
-                        "cannot read the rules: {e}"
+                        "cannot read the rules: {m}"
                     )))
                 })?;
                 Some(
@@ -233,6 +250,7 @@ impl InputArgs {
             model: self.sizes.into(),
             attribution: memsnap::attribute::Options {
                 source_roots: self.source_root.clone(),
+                recorded_sources: self.recorded_sources,
                 preset: match self.preset {
                     PresetArg::Auto => None,
                     PresetArg::Pithtrain => Some(memsnap::attribute::Preset::Pithtrain),
@@ -244,11 +262,40 @@ impl InputArgs {
     }
 }
 
+/// The largest rules file read.
+const MAX_RULES_BYTES: u64 = 1 << 20;
+
+/// The text of a small file the user named: a regular file (not `/dev/zero`, not a pipe that
+/// never ends) of at most `max` bytes, in UTF-8.
+fn read_small_text(path: &Path, max: u64) -> Result<String, String> {
+    use std::io::Read;
+    // Asked before opening: opening a named pipe waits for a writer.
+    let meta = std::fs::metadata(path).map_err(|e| memsnap::io_text(&e))?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    let file = std::fs::File::open(path).map_err(|e| memsnap::io_text(&e))?;
+    let mut bytes = Vec::new();
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| memsnap::io_text(&e))?;
+    if bytes.len() as u64 > max {
+        return Err(format!(
+            "larger than {}, the most a rules file may hold",
+            memsnap::units::bytes(max)
+        ));
+    }
+    String::from_utf8(bytes)
+        .map_err(|e| format!("not UTF-8 text (byte {})", e.utf8_error().valid_up_to()))
+}
+
 /// Runs a parsed command line; returns the process exit code.
 pub fn run(cli: Cli) -> ExitCode {
     if cli.quiet {
         ui::quiet();
     }
+    FORCE.store(cli.force, std::sync::atomic::Ordering::Relaxed);
+    note_inputs(&cli.command);
     let _ = CAPS.set(memsnap::memory::Caps {
         max_memory: cli.max_memory,
         max_size: cli.max_size,
@@ -266,13 +313,145 @@ pub fn run(cli: Cli) -> ExitCode {
     })
 }
 
-/// Writes the completion script of `shell` to stdout.
+/// A command line clap refused: help and version as clap prints them, anything else as one
+/// line (clap's first line, and where the options are listed) with exit code 2.
+pub fn command_line_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind as K;
+    if matches!(
+        e.kind(),
+        K::DisplayHelp | K::DisplayVersion | K::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = e.print();
+        return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { 0 });
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    note!(
+        "memsnap: {}",
+        one_line_usage(&e.render().to_string(), &args)
+    );
+    ExitCode::from(EXIT_USAGE)
+}
+
+/// `memsnap report` when `args` name that command, else `memsnap`.
+fn command_of(args: &[String]) -> String {
+    use clap::CommandFactory;
+    let cli = Cli::command();
+    args.iter()
+        .find(|a| cli.get_subcommands().any(|c| c.get_name() == a.as_str()))
+        .map_or_else(|| "memsnap".to_string(), |c| format!("memsnap {c}"))
+}
+
+/// clap's error text as one line: `unexpected argument '--x' found (memsnap report --help
+/// lists the options)`. Its tips are left out: they suggest `-- --x`, which is rarely meant.
+fn one_line_usage(text: &str, args: &[String]) -> String {
+    // The first paragraph: "error: the following required arguments were not provided:" is
+    // followed by the arguments, one per line.
+    let first: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .skip_while(|l| l.is_empty())
+        .take_while(|l| !l.is_empty())
+        .collect();
+    let first = first.join(" ");
+    let first = if first.is_empty() {
+        "invalid command line"
+    } else {
+        first.as_str()
+    };
+    let what = first.strip_prefix("error: ").unwrap_or(first);
+    let command = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Usage: "))
+        .map(|usage| {
+            usage
+                .split_whitespace()
+                .take_while(|w| !w.starts_with('[') && !w.starts_with('<'))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| command_of(args));
+    memsnap::units::printable(&format!("{what} ({command} --help lists the options)"))
+}
+
+/// Writes the completion script of `shell` to stdout. The script is built in memory first:
+/// clap_complete panics when its writer fails (a closed pipe, a full disk).
 fn completions(shell: clap_complete::Shell) -> Result<(), Failure> {
     use clap::CommandFactory;
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "memsnap", &mut script);
     let mut out = io::stdout().lock();
-    clap_complete::generate(shell, &mut Cli::command(), "memsnap", &mut out);
+    out.write_all(&script)?;
     out.flush()?;
     Ok(())
+}
+
+/// `--force`: existing files with names memsnap chose may be written over.
+static FORCE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Remembers every file the command line names as an input, so that no output of this run is
+/// written over one (`memsnap::output`); files found later (in folders, named by rules) are
+/// remembered when they are read.
+fn note_inputs(command: &Command) {
+    use memsnap::output::note_input;
+    let (files, input): (Vec<&Path>, Option<&InputArgs>) = match command {
+        Command::Report(a) => (
+            a.files.iter().map(|p| p.as_path()).collect(),
+            Some(&a.input),
+        ),
+        Command::Timeline(a) => (vec![a.file.as_path()], Some(&a.input)),
+        Command::Compare(a) => (
+            a.inputs.iter().map(|p| p.as_path()).collect(),
+            Some(&a.input),
+        ),
+        Command::Whatif(a) => (
+            a.files.iter().map(|p| p.as_path()).collect(),
+            Some(&a.input),
+        ),
+        Command::Oom(a) => (
+            a.files.iter().map(|p| p.as_path()).collect(),
+            Some(&a.input),
+        ),
+        Command::Flamegraph(a) => (vec![a.file.as_path()], Some(&a.input)),
+        Command::Export(a) => (vec![a.file.as_path()], Some(&a.input)),
+        Command::Trim(a) => (vec![a.file.as_path()], None),
+        Command::Completions { .. } => (Vec::new(), None),
+    };
+    for f in files {
+        note_input(f);
+    }
+    if let Some(rules) = input.and_then(|i| i.rules.as_deref()) {
+        note_input(rules);
+    }
+}
+
+/// Checks before the work that `path` can be written (see [`memsnap::output::check`]).
+fn check_output(path: &Path, naming: memsnap::output::Naming) -> Result<(), memsnap::Error> {
+    let force = FORCE.load(std::sync::atomic::Ordering::Relaxed);
+    memsnap::output::check(path, naming, force)
+        .map(|_| ())
+        .map_err(|e| memsnap::Error::new(path, e.into()))
+}
+
+/// Starts writing `path` through a temporary file (see [`memsnap::output::create`]).
+fn create_output(
+    path: &Path,
+    naming: memsnap::output::Naming,
+) -> Result<memsnap::output::Pending, memsnap::Error> {
+    let force = FORCE.load(std::sync::atomic::Ordering::Relaxed);
+    memsnap::output::create(path, naming, force).map_err(|e| memsnap::Error::new(path, e.into()))
+}
+
+/// Puts a finished output in place; errors name `path`, as the user gave it.
+fn commit_output(pending: memsnap::output::Pending, path: &Path) -> Result<(), memsnap::Error> {
+    pending
+        .commit()
+        .map_err(|e| memsnap::Error::new(path, e.into()))
+}
+
+/// A write error on `path`, for writers that report `io::Error`.
+fn write_failed(path: &Path, e: io::Error) -> memsnap::Error {
+    memsnap::Error::new(path, memsnap::output::OutputError::Io(e).into())
 }
 
 /// Prints one error line for a file that could not be handled.
@@ -313,6 +492,11 @@ fn parse_size_arg(text: &str) -> Result<u64, String> {
     })
 }
 
+/// A path as notes print it: control characters escaped.
+fn shown(path: &Path) -> String {
+    memsnap::units::printable(&path.display().to_string())
+}
+
 /// A file name without its folder and its `.pickle`/compression suffixes, for output names.
 fn stem(path: &Path) -> String {
     let name = path
@@ -340,6 +524,37 @@ mod tests {
     #[test]
     fn command_line_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn command_line_errors_are_one_line() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let given = ["memsnap", "report", "a.pickle", "--device", "1"];
+        let e = Cli::try_parse_from(given).unwrap_err();
+        let line = one_line_usage(&e.render().to_string(), &args(&given[1..]));
+        assert_eq!(
+            line,
+            "unexpected argument '--device' found (memsnap report --help lists the options)"
+        );
+        let given = ["memsnap", "timeline", "a", "-o", "t.png", "--by", "x"];
+        let e = Cli::try_parse_from(given).unwrap_err();
+        let line = one_line_usage(&e.render().to_string(), &args(&given[1..]));
+        assert!(
+            !line.contains('\n') && line.starts_with("invalid value 'x'"),
+            "{line}"
+        );
+        assert!(
+            line.ends_with("(memsnap timeline --help lists the options)"),
+            "{line}"
+        );
+        let given = ["memsnap", "report"];
+        let e = Cli::try_parse_from(given).unwrap_err();
+        let line = one_line_usage(&e.render().to_string(), &args(&given[1..]));
+        assert!(line.contains("not provided: <FILES>..."), "{line}");
+        assert!(
+            line.ends_with("(memsnap report --help lists the options)"),
+            "{line}"
+        );
     }
 
     #[test]

@@ -100,7 +100,9 @@ fn prepare_folder(dir: &Path) -> Result<(), memsnap::Error> {
 /// Draws one device's timeline next to the report.
 fn draw(dir: &Path, path: &Path, name: &str, d: &DeviceAnalysis) -> Result<(), memsnap::Error> {
     let out = dir.join(format!("{}-device{}-timeline.png", stem(path), d.device()));
-    memsnap::chart::timeline(&out, name, d, &memsnap::chart::Options::default())?;
-    eprintln!("memsnap: wrote {}", out.display());
+    super::timeline::draw_to(&out, memsnap::output::Naming::Chosen, |at| {
+        memsnap::chart::timeline(at, name, d, &memsnap::chart::Options::default())
+    })?;
+    note!("memsnap: wrote {}", super::shown(&out));
     Ok(())
 }

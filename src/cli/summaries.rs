@@ -54,9 +54,11 @@ pub fn run(files: &[PathBuf], args: &CompareArgs) -> Result<(), Failure> {
     out.flush()?;
     if let Some(png) = &args.png {
         let title = format!("peak allocated of {} ranks", ranks.peaks().len());
-        memsnap::chart::histogram(png, &ranks.peaks(), &title)
-            .map_err(|e| memsnap::Error::new(png, memsnap::ErrorKind::Chart(e)))?;
-        eprintln!("memsnap: wrote {}", png.display());
+        super::timeline::draw_to(png, memsnap::output::Naming::Named, |at| {
+            memsnap::chart::histogram(at, &ranks.peaks(), &title)
+                .map_err(|e| memsnap::Error::new(at, memsnap::ErrorKind::Chart(e)))
+        })?;
+        note!("memsnap: wrote {}", super::shown(png));
     }
     tally.finish()
 }
@@ -64,6 +66,7 @@ pub fn run(files: &[PathBuf], args: &CompareArgs) -> Result<(), Failure> {
 /// The reports of one summary file, one JSON object per line.
 fn read_summary(path: &std::path::Path) -> Result<Vec<FileReport>, memsnap::Error> {
     let fail = |kind| memsnap::Error::new(path, kind);
+    memsnap::output::note_input(path);
     let file = std::fs::File::open(path).map_err(|e| fail(memsnap::ErrorKind::Io(e)))?;
     let mut out = Vec::new();
     for (n, line) in io::BufReader::new(file).lines().enumerate() {

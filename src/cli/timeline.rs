@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use memsnap::analysis::Dimension;
 use memsnap::chart::{self, XAxis};
+use memsnap::output::Naming;
 
 use super::{load, parse_dimension, Failure, InputArgs};
 
@@ -108,13 +109,40 @@ pub fn run(args: TimelineArgs) -> Result<(), Failure> {
         .into());
     }
     let name = args.file.display().to_string();
+    let several = devices.len() > 1;
+    // Names memsnap made up are checked before anything is drawn.
+    let naming = if several {
+        Naming::Chosen
+    } else {
+        Naming::Named
+    };
+    for &d in &devices {
+        super::check_output(&per_device(&args.output, d, several), naming)?;
+    }
     for &d in &devices {
         let analysis = memsnap::analysis::analyse_device(&snap, d, &analysis_options);
-        let out = per_device(&args.output, d, devices.len() > 1);
-        chart::timeline(&out, &name, &analysis, &options)?;
-        eprintln!("memsnap: wrote {}", out.display());
+        let out = per_device(&args.output, d, several);
+        draw_to(&out, naming, |at| {
+            chart::timeline(at, &name, &analysis, &options)
+        })?;
+        note!("memsnap: wrote {}", super::shown(&out));
     }
     Ok(())
+}
+
+/// Draws a chart through a temporary file that becomes `out` once complete; errors name `out`.
+pub fn draw_to<T>(
+    out: &Path,
+    naming: Naming,
+    draw: impl FnOnce(&Path) -> Result<T, memsnap::Error>,
+) -> Result<T, memsnap::Error> {
+    let pending = super::create_output(out, naming)?;
+    let drawn = draw(pending.path()).map_err(|mut e| {
+        e.file = out.to_path_buf();
+        e
+    })?;
+    super::commit_output(pending, out)?;
+    Ok(drawn)
 }
 
 /// `0, 1` or `none`.

@@ -1,9 +1,10 @@
 //! `memsnap trim FILE -o OUT.pickle`: a smaller snapshot holding one window of the trace.
 
-use std::io::{BufWriter, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
 
 use memsnap::export::trim::{self, Window};
+use memsnap::output::Naming;
 use memsnap::replay::Replay;
 use memsnap::snapshot::Snapshot;
 use memsnap::units;
@@ -74,25 +75,16 @@ pub fn run(args: TrimArgs) -> Result<(), Failure> {
             args.output.display()
         )));
     }
-    if let Some(dir) = args.output.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.is_dir() {
-            return Err(Failure::Usage(format!(
-                "{}: the folder {} does not exist",
-                args.output.display(),
-                dir.display()
-            )));
-        }
-    }
+    super::check_output(&args.output, Naming::Named)?;
     let snap = load(&args.file)?;
     let device = super::flamegraph::pick_device(&snap, args.device, &args.file)?;
     let replay = memsnap::replay::replay(&snap, device, memsnap::replay::SizeModel::Allocator);
     let (from, to) = window(&snap, &replay, &args)
         .map_err(|m| Failure::Usage(format!("{}: {m}", args.file.display())))?;
-    let write_error = |e: std::io::Error| {
-        Failure::Usage(format!("{}: cannot write it: {e}", args.output.display()))
-    };
-    let file = std::fs::File::create(&args.output).map_err(write_error)?;
+    let write_error = |e: std::io::Error| super::write_failed(&args.output, e);
+    let mut pending = super::create_output(&args.output, Naming::Named)?;
     let window = Window { device, from, to };
+    let file = pending.file();
     let summary = if compress {
         let mut xz = xz2::write::XzEncoder::new(BufWriter::new(file), 6);
         let s = trim::write(&snap, &replay, window, &mut xz).map_err(write_error)?;
@@ -106,13 +98,14 @@ pub fn run(args: TrimArgs) -> Result<(), Failure> {
         out.flush().map_err(write_error)?;
         s
     };
+    let after = pending.file().metadata().map_or(0, |m| m.len());
+    super::commit_output(pending, &args.output)?;
     // Like for like: a compressed output against the file, a plain one against the pickle.
     let before = if compress {
         snap.source.file_bytes
     } else {
         snap.source.pickle_bytes
     };
-    let after = std::fs::metadata(&args.output).map_or(0, |m| m.len());
     if args.json {
         let value = serde_json::json!({
             "output": args.output.display().to_string(),
@@ -125,13 +118,13 @@ pub fn run(args: TrimArgs) -> Result<(), Failure> {
             "bytes_after": after,
             "trimmed": summary,
         });
-        println!("{value}");
+        writeln!(io::stdout(), "{value}")?;
     } else {
         let sizes = (before, after, compress);
-        print_summary(&args, device, (from, to), replay.len(), &summary, sizes);
+        print_summary(&args, device, (from, to), replay.len(), &summary, sizes)?;
     }
     if summary.blocks_outside_segments > 0 {
-        eprintln!(
+        note!(
             "memsnap: {}: {} live at the window's end lie in no segment (the trace is incomplete); left out",
             args.file.display(),
             units::counted(summary.blocks_outside_segments as u64, "block")
@@ -148,8 +141,10 @@ fn print_summary(
     trace_events: usize,
     summary: &trim::Trimmed,
     (before, after, compress): (u64, u64, bool),
-) {
-    println!(
+) -> io::Result<()> {
+    let mut out = io::stdout().lock();
+    writeln!(
+        out,
         "wrote {}: events #{} to #{} of device {device} ({} of {}), {}, {} live at the window's end",
         args.output.display(),
         units::count(from as u64),
@@ -158,18 +153,19 @@ fn print_summary(
         units::count(trace_events as u64),
         units::counted(summary.segments as u64, "segment"),
         units::counted(summary.live_blocks as u64, "block"),
-    );
+    )?;
     let share = if before > 0 {
         after as f64 * 100.0 / before as f64
     } else {
         0.0
     };
     let what = if compress { "file" } else { "pickle" };
-    println!(
+    writeln!(
+        out,
         "  {what} {} → {} ({share:.1}% of the original)",
         units::bytes(before),
         units::bytes(after),
-    );
+    )
 }
 
 /// The window as `from..to` event indices, or why it is empty or outside the trace.

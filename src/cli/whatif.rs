@@ -81,7 +81,19 @@ impl LimitArgs {
     }
 }
 
+/// The most settings strings one run simulates (`--alloc-conf` and each `--try`).
+const MAX_CONFS: usize = 64;
+/// The longest settings string read (real ones are a few dozen bytes).
+const MAX_CONF_BYTES: usize = 4096;
+
 fn parse_conf(flag: &str, text: &str) -> Result<AllocConf, Failure> {
+    if text.len() > MAX_CONF_BYTES {
+        return Err(Failure::Usage(format!(
+            "{flag}: a settings string of {} is not read (at most {})",
+            memsnap::units::bytes(text.len() as u64),
+            memsnap::units::bytes(MAX_CONF_BYTES as u64)
+        )));
+    }
     AllocConf::parse(text).map_err(|e| Failure::Usage(format!("{flag} {text:?}: {e}")))
 }
 
@@ -173,6 +185,12 @@ fn each_file<R>(
 
 pub fn run_whatif(args: WhatIfArgs) -> Result<(), Failure> {
     let limits = args.limits.limits()?;
+    let asked = args.tries.len() + usize::from(args.alloc_conf.is_some());
+    if asked > MAX_CONFS {
+        return Err(Failure::Usage(format!(
+            "--try: {asked} settings asked for; at most {MAX_CONFS} are simulated in one run"
+        )));
+    }
     let mut confs = Vec::new();
     if let Some(c) = &args.alloc_conf {
         confs.push(parse_conf("--alloc-conf", c)?);

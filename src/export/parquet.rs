@@ -1,6 +1,6 @@
 //! Parquet and CSV files of the export tables, written by polars (the `export` feature).
 
-use std::path::Path;
+use std::io::Write;
 
 use polars::prelude::*;
 
@@ -26,16 +26,14 @@ pub fn frame(table: &Table) -> PolarsResult<DataFrame> {
 }
 
 /// Writes `table` as Parquet (zstd-compressed).
-pub fn write_parquet(table: &Table, path: &Path) -> PolarsResult<()> {
+pub fn write_parquet(table: &Table, out: &mut dyn Write) -> PolarsResult<()> {
     let mut df = frame(table)?;
-    let file = std::fs::File::create(path)?;
-    ParquetWriter::new(file).finish(&mut df)?;
+    ParquetWriter::new(out).finish(&mut df)?;
     Ok(())
 }
 
 /// Writes `table` as CSV with a header line.
-pub fn write_csv(table: &Table, path: &Path) -> PolarsResult<()> {
+pub fn write_csv(table: &Table, out: &mut dyn Write) -> PolarsResult<()> {
     let mut df = frame(table)?;
-    let mut file = std::fs::File::create(path)?;
-    CsvWriter::new(&mut file).finish(&mut df)
+    CsvWriter::new(out).finish(&mut df)
 }

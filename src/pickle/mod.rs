@@ -8,7 +8,8 @@
 //! handles, so sharing stays sharing.
 //!
 //! What this stage owns:
-//! - reading plain, gzip, xz or zstd input in bounded windows ([`source`]);
+//! - reading plain, gzip (`gunzip`: headers of any length), xz or zstd input in bounded
+//!   windows ([`source`]);
 //! - protocols 0 to 5 and every opcode a data-only pickle uses, `FRAME`, memo ops of all widths;
 //! - a fast path for the flat dicts that make up nearly all of a snapshot (trace entries): read
 //!   whole from the window and offered to the adopter ([`Adopter::adopt_flat`]), with the same
@@ -41,6 +42,7 @@
 //! ```
 
 mod error;
+mod gunzip;
 mod memo;
 pub mod opcodes;
 mod reader;

@@ -16,7 +16,7 @@ pub enum Compression {
     Gzip,
     /// xz (`fd 37 7a 58 5a 00`).
     Xz,
-    /// zstd (`28 b5 2f fd`).
+    /// zstd (`28 b5 2f fd`, or a skippable frame `5? 2a 4d 18` first).
     Zstd,
 }
 
@@ -27,7 +27,10 @@ impl Compression {
             Compression::Gzip
         } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0x00]) {
             Compression::Xz
-        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd])
+            || (head.len() >= 4 && head[0] & 0xf0 == 0x50 && head[1..4] == [0x2a, 0x4d, 0x18])
+        {
+            // a zstd frame, or a skippable frame (magic 0x184D2A5?) that may come first
             Compression::Zstd
         } else {
             Compression::None
@@ -67,7 +70,7 @@ pub fn decompressing<R: Read + Send + 'static>(
     let whole = io::Cursor::new(head[..got].to_vec()).chain(raw);
     let reader: Box<dyn Read + Send> = match kind {
         Compression::None => Box::new(whole),
-        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(BufReader::new(whole))),
+        Compression::Gzip => Box::new(super::gunzip::Gunzip::new(BufReader::new(whole))),
         Compression::Xz => Box::new(xz2::read::XzDecoder::new_multi_decoder(BufReader::new(
             whole,
         ))),
@@ -332,6 +335,36 @@ mod tests {
         ] {
             assert_eq!(roundtrip(kind, &data), data, "{kind:?}");
         }
+    }
+
+    #[test]
+    fn zstd_with_skippable_frames_and_concatenated_streams_is_read() {
+        let mut packed = Vec::new();
+        // A skippable frame first (as `zstd --patch-from` and seekable writers put), then two
+        // frames with another skippable frame between them.
+        packed.extend([0x5a, 0x2a, 0x4d, 0x18]);
+        packed.extend(5u32.to_le_bytes());
+        packed.extend(b"hello");
+        packed.extend(zstd::stream::encode_all(&b"first "[..], 1).unwrap());
+        packed.extend([0x50, 0x2a, 0x4d, 0x18, 0, 0, 0, 0]);
+        packed.extend(zstd::stream::encode_all(&b"second"[..], 3).unwrap());
+        assert_eq!(Compression::sniff(&packed), Compression::Zstd);
+        let (mut r, kind) = decompressing(io::Cursor::new(packed)).unwrap();
+        assert_eq!(kind, Compression::Zstd);
+        let mut out = Vec::new();
+        r.read_to_end(&mut out).unwrap();
+        assert_eq!(out, b"first second");
+        // xz streams one after another.
+        let mut xz = Vec::new();
+        for part in [&b"one "[..], b"two"] {
+            let mut e = xz2::write::XzEncoder::new(Vec::new(), 1);
+            e.write_all(part).unwrap();
+            xz.extend(e.finish().unwrap());
+        }
+        let (mut r, _) = decompressing(io::Cursor::new(xz)).unwrap();
+        let mut out = Vec::new();
+        r.read_to_end(&mut out).unwrap();
+        assert_eq!(out, b"one two");
     }
 
     #[test]

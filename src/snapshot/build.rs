@@ -19,6 +19,9 @@ use crate::pickle::{
 };
 use crate::{Error, ErrorKind};
 
+/// The longest text of `allocator_settings` that is read (a `PYTORCH_CUDA_ALLOC_CONF` is a few
+/// dozen bytes).
+const MAX_SETTING_BYTES: usize = 4096;
 /// Handle kinds of compacted values.
 pub(crate) const FRAME: u8 = 1;
 pub(crate) const STACK: u8 = 2;
@@ -793,6 +796,8 @@ impl Reader<'_> {
         })
     }
 
+    /// Allocator settings: a text value longer than [`MAX_SETTING_BYTES`] is kept as its
+    /// length only.
     fn settings(&self, v: Value) -> Result<AllocatorSettings, FieldError> {
         let d = self.dict_id(v, "allocator_settings")?;
         let mut s = AllocatorSettings::default();
@@ -800,6 +805,13 @@ impl Reader<'_> {
             let Some(key) = self.heap.text(k) else {
                 continue;
             };
+            let long = self.heap.text(val).map_or(0, str::len);
+            if long > MAX_SETTING_BYTES {
+                // No allocator reads a setting this long: kept as its length, never parsed.
+                s.entries
+                    .push((key.to_string(), format!("<text of {long} bytes, not read>")));
+                continue;
+            }
             s.entries.push((key.to_string(), self.heap.render(val, 2)));
             match key {
                 "PYTORCH_CUDA_ALLOC_CONF" => {
@@ -1226,6 +1238,8 @@ pub fn from_pickle<R: Read>(input: R, limits: Limits) -> Result<Snapshot, ErrorK
 /// Reads a snapshot file: plain, gzip, xz or zstd pickle.
 pub fn load(path: &Path, options: &LoadOptions) -> Result<Snapshot, Error> {
     let wrap = |kind| Error::new(path, kind);
+    // No output of this process will be written over the file (`crate::output`).
+    crate::output::note_input(path);
     let total = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let progress = options.on_progress.clone();
     let on_read = move || -> Box<dyn FnMut(u64) + Send> {
