@@ -116,3 +116,102 @@ fn many_mapped_pages() {
     assert_eq!(v["devices"][0]["events"], 2 * N);
     assert_eq!(v["devices"][0]["peak_reserved_bytes"], N * page);
 }
+
+/// An allocation event whose stack is `frames` (file, line, function).
+fn event_with_frames(addr: i64, frames: &[(String, i64, String)]) -> V {
+    let V::Dict(mut e) = event("alloc", addr, 512) else {
+        unreachable!()
+    };
+    let frames = frames
+        .iter()
+        .map(|(file, line, name)| {
+            let mut f = BTreeMap::new();
+            f.insert(H::String("filename".into()), V::String(file.clone()));
+            f.insert(H::String("line".into()), V::I64(*line));
+            f.insert(H::String("name".into()), V::String(name.clone()));
+            V::Dict(f)
+        })
+        .collect();
+    e.insert(H::String("frames".into()), V::List(frames));
+    V::Dict(e)
+}
+
+/// Frame file names that all end the same (`/src/dK/model.py`), so that each one's shortest
+/// distinguishing suffix must be found among all the others (compared pair by pair: 3.6 x 10^9
+/// suffix tests), and as many file names that are all different.
+#[test]
+fn many_files_with_one_base_name_and_many_distinct_files() {
+    let dir = scratch();
+    let same = (0..N)
+        .map(|k| {
+            event_with_frames(
+                k * 512,
+                &[(format!("/src/d{k}/model.py"), 3, "forward".into())],
+            )
+        })
+        .collect();
+    let f = write_snapshot(&dir, "samebase.pickle", vec![], same);
+    let text = ok(&["report", &f, "--by", "site", "--top", "3"]);
+    assert!(text.contains("/model.py:forward"), "{text}");
+    let folded = ok(&["flamegraph", &f, "--folded", "--at", "end"]);
+    assert!(
+        folded.contains("d17/model.py"),
+        "{}",
+        &folded[..folded.len().min(500)]
+    );
+    let distinct = (0..N)
+        .map(|k| {
+            event_with_frames(
+                k * 512,
+                &[(format!("/src/pkg{k}/mod{k}.py"), k % 1000, format!("f{k}"))],
+            )
+        })
+        .collect();
+    let f = write_snapshot(&dir, "distinct.pickle", vec![], distinct);
+    let v = json(&f);
+    assert_eq!(v["devices"][0]["events"], N);
+}
+
+/// Entries whose stacks of 20 frames are drawn from 10^4 distinct frames, through every
+/// command that reads stacks.
+#[test]
+fn many_entries_sharing_a_pool_of_frames() {
+    let dir = scratch();
+    let trace = (0..N)
+        .map(|i| {
+            let frames: Vec<_> = (0..20)
+                .map(|k| {
+                    let f = (i * 7 + k) % 10_000;
+                    (format!("/src/m{f}.py"), k, format!("g{}", (i + k) % 10_000))
+                })
+                .collect();
+            event_with_frames(i * 512, &frames)
+        })
+        .collect();
+    let f = write_snapshot(&dir, "shared_frames.pickle", vec![], trace);
+    assert_eq!(json(&f)["devices"][0]["events"], N);
+    let folded = ok(&["flamegraph", &f, "--folded", "--at", "end"]);
+    assert!(folded.lines().count() > 1000);
+    let tables = dir.path().join("tables");
+    ok(&[
+        "export",
+        &f,
+        "-o",
+        &tables.to_string_lossy(),
+        "--format",
+        "jsonl",
+    ]);
+    let out = dir.path().join("cut.pickle");
+    ok(&[
+        "trim",
+        &f,
+        "-o",
+        &out.to_string_lossy(),
+        "--from",
+        "100",
+        "--to",
+        "50000",
+    ]);
+    let cut = json(&out.to_string_lossy());
+    assert_eq!(cut["devices"][0]["events"], 49_901);
+}

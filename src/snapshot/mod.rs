@@ -269,6 +269,9 @@ pub struct Snapshot {
     pub(crate) frame_facts: std::sync::OnceLock<Vec<u8>>,
 }
 
+/// The most trailing path components a shortened file name is chosen among.
+pub const MAX_SUFFIX_PARTS: usize = 32;
+
 impl Snapshot {
     /// Reads a snapshot file (plain, gzip, xz or zstd).
     pub fn open(path: &Path) -> Result<Snapshot, crate::Error> {
@@ -308,7 +311,8 @@ impl Snapshot {
         self.segments.iter().filter(move |s| s.device == device)
     }
 
-    /// A frame's file name shortened to the fewest trailing path components that no other
+    /// A frame's file name shortened to the fewest trailing path components (at most
+    /// [`MAX_SUFFIX_PARTS`], else the whole path) that no other
     /// file of the snapshot's frames ends with: `modeling_llama.py`, or `a/utils.py` and
     /// `b/utils.py` when both appear.
     pub fn short_file(&self, file: StrId) -> &str {
@@ -329,21 +333,43 @@ impl Snapshot {
                     out.insert(same[0], base.to_string());
                     continue;
                 }
-                let parts: Vec<Vec<&str>> = same
+                // Each file's path without empty parts, and where its last 1, 2, ... parts
+                // start (at most MAX_SUFFIX_PARTS of them: a longer suffix is the whole path).
+                let normal: Vec<String> = same
                     .iter()
-                    .map(|&f| self.str(f).split('/').filter(|p| !p.is_empty()).collect())
+                    .map(|&f| {
+                        let parts: Vec<&str> =
+                            self.str(f).split('/').filter(|p| !p.is_empty()).collect();
+                        parts.join("/")
+                    })
                     .collect();
-                for (k, p) in parts.iter().enumerate() {
-                    let n = (1..=p.len())
-                        .find(|&n| {
-                            let end = &p[p.len() - n..];
-                            parts
-                                .iter()
-                                .enumerate()
-                                .all(|(j, q)| j == k || !q.ends_with(end))
-                        })
-                        .unwrap_or(p.len());
-                    out.insert(same[k], p[p.len() - n..].join("/"));
+                let starts = |p: &str| -> Vec<usize> {
+                    let mut at = vec![p.rfind('/').map_or(0, |i| i + 1)];
+                    for (i, _) in p.rmatch_indices('/').skip(1).take(MAX_SUFFIX_PARTS - 1) {
+                        at.push(i + 1);
+                    }
+                    if at.len() < MAX_SUFFIX_PARTS && at.last() != Some(&0) {
+                        at.push(0);
+                    }
+                    at
+                };
+                // How many files end with each suffix: the shortest one of a file that no other
+                // file ends with is its name. Linear in the files and their depth, where
+                // comparing every pair of a large group (10^5 files all named model.py) was not.
+                let mut count: rustc_hash::FxHashMap<&str, u32> = Default::default();
+                let all: Vec<Vec<usize>> = normal.iter().map(|p| starts(p)).collect();
+                for (p, at) in normal.iter().zip(&all) {
+                    for &i in at {
+                        *count.entry(&p[i..]).or_default() += 1;
+                    }
+                }
+                for ((p, at), &f) in normal.iter().zip(&all).zip(&same) {
+                    let short = at
+                        .iter()
+                        .map(|&i| &p[i..])
+                        .find(|s| count.get(s) == Some(&1))
+                        .unwrap_or(p);
+                    out.insert(f, short.to_string());
                 }
             }
             out
