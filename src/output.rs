@@ -1,5 +1,6 @@
 //! Every file memsnap writes goes through here, so that no output is ever half a file and no
-//! command ever writes over what it reads.
+//! command ever writes over what it reads; so do the small files it reads besides snapshots
+//! (rules, sources: [`read_small`]), so that none of them can be endless or huge.
 //!
 //! - An output is written to a temporary file in the target's own folder and renamed over the
 //!   target once complete ([`Pending::commit`]): a reader, or a second memsnap writing the same
@@ -145,9 +146,42 @@ fn stdin_identity() -> Option<Identity> {
     }
 }
 
-/// Whether `path` names a file this process reads.
-pub fn is_input(path: &Path) -> bool {
-    INPUTS.contains(path)
+/// Why a small input was not read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SmallFileError {
+    /// A device, a pipe or a folder.
+    #[error("not a regular file")]
+    NotRegular,
+    /// More bytes than allowed.
+    #[error("larger than {}", crate::units::bytes(*.0))]
+    TooLarge(u64),
+    /// Opening or reading failed.
+    #[error("{}", crate::error::io_text(.0))]
+    Io(#[from] io::Error),
+}
+
+/// The bytes of a small input (a rules file, a source file a frame names): a regular file of
+/// at most `max` bytes, remembered as an input ([`note_input`]). The kind is asked before
+/// opening, as opening a named pipe waits for a writer; the read stops after `max + 1` bytes
+/// whatever size the file claims (files of `/proc` say they are empty and never end).
+pub fn read_small(path: &Path, max: u64) -> Result<Vec<u8>, SmallFileError> {
+    use io::Read;
+    let meta = fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(SmallFileError::NotRegular);
+    }
+    if meta.len() > max {
+        return Err(SmallFileError::TooLarge(max));
+    }
+    let file = fs::File::open(path)?;
+    note_input(path);
+    let mut bytes = Vec::new();
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(SmallFileError::TooLarge(max));
+    }
+    Ok(bytes)
 }
 
 /// Follows symbolic links from `path` to the name that will be replaced (at most 40 links, as

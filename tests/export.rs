@@ -55,41 +55,34 @@ fn json_lines_hold_the_report_figures() {
     let file = testdata(PIPELINE).to_string_lossy().into_owned();
     let dir = scratch();
     let out = dir.path().join("tables");
-    let printed = ok(&[
-        "export",
-        &file,
-        "-o",
-        out.to_str().unwrap(),
-        "--format",
-        "jsonl",
-    ]);
+    let export = |extra: &[&str]| {
+        let mut args = vec![
+            "export",
+            &file,
+            "-o",
+            out.to_str().unwrap(),
+            "--format",
+            "jsonl",
+        ];
+        args.extend_from_slice(extra);
+        memsnap(&args)
+    };
+    let printed = export(&[]);
+    assert!(printed.status.success(), "{}", stderr(&printed));
+    let printed = stdout(&printed);
     assert_eq!(printed.lines().count(), 4, "{printed}");
     let r = report(&file);
     // The table names are memsnap's: a second export into the folder needs --force.
-    let again = memsnap(&[
-        "export",
-        &file,
-        "-o",
-        out.to_str().unwrap(),
-        "--format",
-        "jsonl",
-    ]);
+    let again = export(&[]);
     assert_eq!(again.status.code(), Some(2));
     assert!(
         stderr(&again).contains("give --force"),
         "{}",
         stderr(&again)
     );
-    let listed = ok(&[
-        "export",
-        &file,
-        "-o",
-        out.to_str().unwrap(),
-        "--format",
-        "jsonl",
-        "--json",
-        "--force",
-    ]);
+    let listed = export(&["--json", "--force"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    let listed = stdout(&listed);
     let listed: serde_json::Value = serde_json::from_str(listed.trim()).unwrap();
     let names: Vec<&str> = listed["tables"]
         .as_array()

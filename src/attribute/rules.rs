@@ -145,27 +145,17 @@ fn pattern(p: &str) -> Result<Regex, String> {
 /// A TOML error as line, column and the reader's first words.
 fn toml_error(text: &str, e: &toml::de::Error) -> RulesError {
     let at = e.span().map_or(0, |s| s.start).min(text.len());
-    let before = &text[..text.floor_char_boundary_compat(at)];
+    let at = (0..=at)
+        .rev()
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(0);
+    let before = &text[..at];
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
     RulesError::Toml {
         line,
         column,
         message: crate::units::one_line(e.message()),
-    }
-}
-
-/// `str::floor_char_boundary`, which is not stable on this toolchain.
-trait FloorCharBoundary {
-    fn floor_char_boundary_compat(&self, at: usize) -> usize;
-}
-
-impl FloorCharBoundary for str {
-    fn floor_char_boundary_compat(&self, mut at: usize) -> usize {
-        while at > 0 && !self.is_char_boundary(at) {
-            at -= 1;
-        }
-        at
     }
 }
 

@@ -14,7 +14,6 @@
 //! [`MAX_FILE_LINES`], and all of them together at most [`MAX_TOTAL_COST`] of memory.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// The largest source file read.
@@ -83,22 +82,7 @@ impl SourceFiles {
 
     /// The file's lines within the limits, or `None` when it is no regular file or too large.
     fn read(&mut self, path: &Path) -> Option<Vec<String>> {
-        // Asked before opening: opening a named pipe waits for a writer.
-        if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
-            return None;
-        }
-        let file = std::fs::File::open(path).ok()?;
-        let meta = file.metadata().ok()?;
-        if !meta.is_file() || meta.len() > MAX_FILE_BYTES {
-            return None;
-        }
-        crate::output::note_input(path);
-        // Files of /proc say they are empty and never end: the read is bounded anyway.
-        let mut bytes = Vec::new();
-        file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).ok()?;
-        if bytes.len() as u64 > MAX_FILE_BYTES {
-            return None;
-        }
+        let bytes = crate::output::read_small(path, MAX_FILE_BYTES).ok()?;
         let text = String::from_utf8(bytes).ok()?;
         let count = text.lines().take(MAX_FILE_LINES + 1).count();
         let cost = text.len() as u64 + LINE_OVERHEAD * count as u64;

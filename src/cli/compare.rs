@@ -66,11 +66,11 @@ fn is_snapshot_name(p: &Path) -> bool {
 /// note. Report summaries (`.jsonl`) met in folders beside snapshots are left out, with a note:
 /// a folder of ranks often holds the summaries of an earlier run.
 fn expand(inputs: &[PathBuf], recursive: bool) -> (Vec<PathBuf>, bool) {
-    let mut files = Vec::new();
+    // each file, and whether a folder listing found it
+    let mut files: Vec<(PathBuf, bool)> = Vec::new();
     let mut any_dir = false;
     let mut seen_dirs = Vec::new();
     let mut seen_files = Vec::new();
-    let mut listed = Vec::new();
     for input in inputs {
         if input.is_dir() {
             any_dir = true;
@@ -79,34 +79,25 @@ fn expand(inputs: &[PathBuf], recursive: bool) -> (Vec<PathBuf>, bool) {
             found.sort();
             for f in found {
                 if first_time(&f, &mut seen_files) {
-                    listed.push(files.len());
-                    files.push(f);
+                    files.push((f, true));
                 }
             }
         } else {
-            files.push(input.clone());
+            files.push((input.clone(), false));
         }
     }
-    let has_snapshots = files.iter().any(|f| !is_summary_name(f));
-    if has_snapshots {
-        let summaries = listed
-            .iter()
-            .filter(|&&i| is_summary_name(&files[i]))
-            .count();
+    let left_out = |(f, listed): &(PathBuf, bool)| *listed && is_summary_name(f);
+    if files.iter().any(|(f, _)| !is_summary_name(f)) {
+        let summaries = files.iter().filter(|f| left_out(f)).count();
         if summaries > 0 {
-            let mut k = 0;
-            files.retain(|f| {
-                let from_folder = listed.contains(&k);
-                k += 1;
-                !(from_folder && is_summary_name(f))
-            });
+            files.retain(|f| !left_out(f));
             note!(
                 "memsnap: left out {} found beside the snapshots",
                 memsnap::units::counted(summaries as u64, "report summary (.jsonl)")
             );
         }
     }
-    (files, any_dir)
+    (files.into_iter().map(|(f, _)| f).collect(), any_dir)
 }
 
 /// Whether the file or folder at `path` is met for the first time (by device and inode, so

@@ -265,26 +265,14 @@ impl InputArgs {
 /// The largest rules file read.
 const MAX_RULES_BYTES: u64 = 1 << 20;
 
-/// The text of a small file the user named: a regular file (not `/dev/zero`, not a pipe that
-/// never ends) of at most `max` bytes, in UTF-8.
+/// The text of a rules file: a regular file of at most `max` bytes, in UTF-8
+/// ([`memsnap::output::read_small`]).
 fn read_small_text(path: &Path, max: u64) -> Result<String, String> {
-    use std::io::Read;
-    // Asked before opening: opening a named pipe waits for a writer.
-    let meta = std::fs::metadata(path).map_err(|e| memsnap::io_text(&e))?;
-    if !meta.is_file() {
-        return Err("not a regular file".into());
-    }
-    let file = std::fs::File::open(path).map_err(|e| memsnap::io_text(&e))?;
-    let mut bytes = Vec::new();
-    file.take(max + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| memsnap::io_text(&e))?;
-    if bytes.len() as u64 > max {
-        return Err(format!(
-            "larger than {}, the most a rules file may hold",
-            memsnap::units::bytes(max)
-        ));
-    }
+    use memsnap::output::SmallFileError;
+    let bytes = memsnap::output::read_small(path, max).map_err(|e| match e {
+        SmallFileError::TooLarge(_) => format!("{e}, the most a rules file may hold"),
+        other => other.to_string(),
+    })?;
     String::from_utf8(bytes)
         .map_err(|e| format!("not UTF-8 text (byte {})", e.utf8_error().valid_up_to()))
 }
@@ -324,7 +312,11 @@ pub fn command_line_error(e: clap::Error) -> ExitCode {
         let _ = e.print();
         return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { 0 });
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    // `args_os`: `args` panics on a name that is not UTF-8.
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     note!(
         "memsnap: {}",
         one_line_usage(&e.render().to_string(), &args)
