@@ -32,7 +32,7 @@
 pub mod analysis;
 pub mod attribute;
 pub mod chart;
-mod error;
+pub mod error;
 pub mod export;
 pub mod memory;
 pub mod output;

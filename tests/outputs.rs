@@ -355,14 +355,21 @@ fn chart_sizes_are_bounded_before_anything_is_drawn() {
 #[test]
 fn command_line_and_rules_errors_are_one_safe_line() {
     let input = testdata(SNAPSHOT).to_string_lossy().into_owned();
-    // clap's errors, condensed; no tip that suggests `-- --device`.
-    let o = memsnap(&["report", &input, "--device", "1"]);
-    one_line_failure(&o, 2, "unexpected argument '--device' found");
+    // clap's errors, condensed; no tip that suggests `-- --colour`.
+    let o = memsnap(&["report", &input, "--colour", "1"]);
+    one_line_failure(&o, 2, "unexpected argument '--colour' found");
     assert!(
         stderr(&o).contains("memsnap report --help"),
         "{}",
         stderr(&o)
     );
+    // report has --device, and a device the file lacks is a typed usage error
+    let o = memsnap(&["report", &input, "--device", "1"]);
+    one_line_failure(&o, 2, "device 1 has no events (devices with events: 0)");
+    let shown = ok(&["report", &input, "--device", "0", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(v["devices"].as_array().unwrap().len(), 1);
+    assert_eq!(v["devices"][0]["device"], 0);
     one_line_failure(&memsnap(&["timeline", &input]), 2, "--output");
     one_line_failure(&memsnap(&["nonsense"]), 2, "unrecognized subcommand");
     // Help and version are still clap's.

@@ -6,6 +6,7 @@ mod compare;
 mod errors;
 mod export;
 mod flamegraph;
+mod golden;
 mod hostile;
 mod outputs;
 mod programs;

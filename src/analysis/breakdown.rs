@@ -106,10 +106,8 @@ impl<'a> Keyer<'a> {
                     .entry(stack)
                     .or_insert_with(|| frames::site(snap, stack, 3))
                     .clone();
-                if site == "<no frames>" && l.phase == crate::attribute::Phase::Backward {
-                    "<no frames: backward on the autograd thread>".to_string()
-                } else if site == "<no frames>" && before_trace {
-                    "<no frames: allocated before recording>".to_string()
+                if site == "<no frames>" {
+                    without_frames(l).to_string()
                 } else {
                     site
                 }
@@ -413,4 +411,16 @@ fn iteration_ends(replay: &Replay, a: &Attribution, first: usize, last: usize) -
         .filter(|c| a.labels[c.1].op == last_op)
         .map(|c| replay.allocated[c.2])
         .collect()
+}
+
+/// What a block without program frames is called in every view (report, flamegraph): why it
+/// has none, where that is known.
+pub fn without_frames(label: &Label) -> &'static str {
+    if label.phase == crate::attribute::Phase::Backward {
+        "<no frames: backward on the autograd thread>"
+    } else if label.is_before_trace() {
+        "<no frames: allocated before recording>"
+    } else {
+        "<no frames>"
+    }
 }

@@ -102,37 +102,6 @@ pub fn distinct_stacks(snap: &Snapshot, device: u32) -> Vec<StackId> {
     out
 }
 
-/// Frames that say nothing about the program: the unwinder, the interpreter's call machinery,
-/// dispatcher boxing (the list both PyTorch viewers filter).
-pub fn is_noise(snap: &Snapshot, f: &Frame) -> bool {
-    let name = snap.str(f.name);
-    let file = snap.str(f.filename);
-    const NAMES: [&str; 8] = [
-        "unwind::unwind",
-        "CapturedTraceback::gather",
-        "gather_with_cpp",
-        "_start",
-        "__libc_start_main",
-        "PyEval_",
-        "PyObject_",
-        "PyFunction_",
-    ];
-    const FILES: [&str; 9] = [
-        "core/boxing",
-        "/Register",
-        "/Redispatch",
-        "pythonrun.c",
-        "Modules/main.c",
-        "Objects/call.c",
-        "Objects/methodobject.c",
-        "pycore_ceval.h",
-        "ceval.c",
-    ];
-    NAMES.iter().any(|n| name.contains(n))
-        || FILES.iter().any(|p| file.contains(p))
-        || file.contains("cpython/abstract.h")
-}
-
 /// A Python frame (C++ frames have line 0).
 pub fn is_python(f: &Frame) -> bool {
     f.line > 0

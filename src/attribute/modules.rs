@@ -131,17 +131,6 @@ impl Chain {
     }
 }
 
-/// The module path of a stack as text, or `None` when no module method of the program is on
-/// it (see [`module_chain`]).
-pub fn module_path(
-    snap: &Snapshot,
-    stack: StackId,
-    sources: &mut SourceFiles,
-    classes: &mut ClassNames,
-) -> Option<String> {
-    module_chain(snap, stack, sources, classes).map(|c| c.render(&[]))
-}
-
 /// The module methods of a stack. Each module call (`_call_impl`) contributes its method: the
 /// frame named `forward` inside that call, past any decorator wrappers, or else its first
 /// program frame. A helper function of the program called from the innermost method ends the

@@ -71,50 +71,9 @@ fn parse_phase(s: &str) -> Option<Phase> {
     })
 }
 
-/// Why a rules file was refused; rules are numbered from 1 in file order.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RulesError {
-    /// Not valid TOML, or not the rules schema.
-    #[error("line {line}, column {column}: {message}")]
-    Toml {
-        /// 1-based line of the error.
-        line: usize,
-        /// 1-based column (in characters) of the error.
-        column: usize,
-        /// What the TOML reader said, on one line.
-        message: String,
-    },
-    /// More rules than are read.
-    #[error("{0} rules: at most {MAX_RULES} are read")]
-    TooMany(usize),
-    /// A `file` or `function` pattern that is not a regular expression.
-    #[error("rule {rule}: {field}: not a regular expression: {message}")]
-    Pattern {
-        /// The rule's number.
-        rule: usize,
-        /// `file` or `function`.
-        field: &'static str,
-        /// What the regex parser said, on one line.
-        message: String,
-    },
-    /// A category or phase name that does not exist.
-    #[error("rule {rule}: unknown {field} {value:?}")]
-    UnknownName {
-        /// The rule's number.
-        rule: usize,
-        /// `category` or `phase`.
-        field: &'static str,
-        /// The name given.
-        value: String,
-    },
-    /// A rule that matches but sets nothing.
-    #[error("rule {0} sets no label")]
-    NoLabel(usize),
-}
-
 /// The most rules a file may hold.
-pub const MAX_RULES: usize = 1_000;
+pub use crate::error::options::MAX_RULES;
+pub use crate::error::RulesError;
 /// The most memory one compiled pattern may take (and its lazy DFA's cache).
 const PATTERN_SIZE_LIMIT: usize = 1 << 20;
 

@@ -67,11 +67,6 @@ impl Shape {
         c.map(|v| v.max(0) as u32)
     }
 
-    /// Is this the last rank (which turns the V around and has empty odd steps)?
-    pub fn is_last(&self) -> bool {
-        self.rank + 1 == self.ranks
-    }
-
     /// Recovers the shape from the iteration counts of steps 2, 3 and 4, which are observable
     /// in a trace: `r + 1`, `P - r - 1` and `N - 2P + r + 1`.
     pub fn from_counts(step2: u32, step3: u32, step4: u32) -> Option<Shape> {

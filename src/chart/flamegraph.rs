@@ -95,7 +95,7 @@ pub enum Root {
 pub fn folded(a: &DeviceAnalysis, at: Option<usize>, root: Root) -> Vec<(String, u64)> {
     let live = breakdown::live_at(a.snap, &a.replay, &a.attribution, at);
     let mut keyer = a.keyer();
-    let mut frames_of: BTreeMap<StackId, String> = BTreeMap::new();
+    let mut frames_of: BTreeMap<(StackId, bool), Option<String>> = BTreeMap::new();
     let mut lines: BTreeMap<String, u64> = BTreeMap::new();
     for (bytes, label, stack) in live {
         let root_frame = match root {
@@ -104,10 +104,12 @@ pub fn folded(a: &DeviceAnalysis, at: Option<usize>, root: Root) -> Vec<(String,
             Root::Category => Some(keyer.key(Dimension::Category, label, stack)),
             Root::None => None,
         };
+        // one vocabulary with the report: a block without program frames says why
         let program = frames_of
-            .entry(stack)
+            .entry((stack, label.is_before_trace()))
             .or_insert_with(|| program_frames(a, stack, label.is_before_trace()))
-            .clone();
+            .clone()
+            .unwrap_or_else(|| breakdown::without_frames(label).to_string());
         let line = match root_frame {
             Some(r) => format!("{};{program}", clean(&r)),
             None => program,
@@ -117,8 +119,9 @@ pub fn folded(a: &DeviceAnalysis, at: Option<usize>, root: Root) -> Vec<(String,
     lines.into_iter().collect()
 }
 
-/// A stack's program frames, outermost first: `function (file:line)`.
-fn program_frames(a: &DeviceAnalysis, stack: StackId, before_trace: bool) -> String {
+/// A stack's program frames, outermost first: `function (file:line)`; `None` for a block with
+/// no frames at all, or none but PyTorch's from before the trace.
+fn program_frames(a: &DeviceAnalysis, stack: StackId, before_trace: bool) -> Option<String> {
     let snap = a.snap;
     let mut names: Vec<String> = frames::user_frames(snap, stack)
         .map(|f| {
@@ -132,17 +135,15 @@ fn program_frames(a: &DeviceAnalysis, stack: StackId, before_trace: bool) -> Str
         .collect();
     names.reverse();
     if names.is_empty() {
-        names.push(if before_trace {
-            "<allocated before recording>".to_string()
-        } else if let Some(node) = frames::autograd_node(snap, stack) {
-            format!("<backward {node}>")
-        } else if snap.stacks.stack(stack).is_empty() {
-            "<no frames>".to_string()
-        } else {
-            "<PyTorch only>".to_string()
+        if before_trace || snap.stacks.stack(stack).is_empty() {
+            return None;
+        }
+        names.push(match frames::autograd_node(snap, stack) {
+            Some(node) => format!("<backward {node}>"),
+            None => "<PyTorch only>".to_string(),
         });
     }
-    names.join(";")
+    Some(names.join(";"))
 }
 
 /// A frame name that cannot break the folded format (no `;`, no line breaks).

@@ -13,14 +13,13 @@ pub mod flamegraph;
 pub mod palette;
 pub mod series;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub use draw::{panel, render_panels, ChartInfo, Panel};
 pub use series::XAxis;
 
 use crate::analysis::{DeviceAnalysis, Dimension};
 use crate::attribute::Attribution;
-use crate::{Error, ErrorKind};
 
 /// What to draw.
 #[derive(Clone, Debug)]
@@ -52,50 +51,7 @@ impl Default for Options {
     }
 }
 
-/// Why a chart was not drawn.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ChartError {
-    /// The output name does not say PNG or SVG.
-    #[error("the chart file must end in .png or .svg")]
-    Format,
-    /// The output's folder does not exist.
-    #[error("cannot write the chart: the folder {0} does not exist")]
-    NoFolder(PathBuf),
-    /// The output names a folder.
-    #[error("cannot write the chart: it is a folder; give a file name ending in .png or .svg")]
-    IsFolder,
-    /// The image is too small for its axes, labels and legend.
-    #[error(
-        "a {width}x{height} chart is too small to read; use at least {min_width}x{min_height}"
-    )]
-    TooSmall {
-        /// Width asked for.
-        width: u32,
-        /// Height asked for.
-        height: u32,
-        /// Smallest width drawn.
-        min_width: u32,
-        /// Smallest height drawn.
-        min_height: u32,
-    },
-    /// The image would take more memory than a chart is worth.
-    #[error(
-        "a {width}x{height} chart is too large; use at most {max_side} pixels a side and {} megapixels",
-        Options::MAX_PIXELS / 1_000_000
-    )]
-    TooLarge {
-        /// Width asked for.
-        width: u32,
-        /// Height asked for.
-        height: u32,
-        /// Largest width or height drawn.
-        max_side: u32,
-    },
-    /// Drawing or writing the image failed.
-    #[error("cannot draw the chart: {0}")]
-    Draw(String),
-}
+pub use crate::error::ChartError;
 
 /// Checks that a chart can be written to `out`, and gives its format.
 pub fn check_output(out: &Path) -> Result<Format, ChartError> {
@@ -117,9 +73,9 @@ impl Options {
     pub const MIN_SIZE: (u32, u32) = (600, 400);
 
     /// The largest width or height drawn.
-    pub const MAX_SIDE: u32 = 16_384;
+    pub const MAX_SIDE: u32 = crate::error::options::MAX_CHART_SIDE;
     /// The most pixels drawn (a PNG's buffer holds three bytes each: 150 MB at most).
-    pub const MAX_PIXELS: u64 = 50_000_000;
+    pub const MAX_PIXELS: u64 = crate::error::options::MAX_CHART_PIXELS;
 
     /// Refuses sizes too small to read, and sizes whose image buffer would be huge.
     pub fn check_size(&self) -> Result<(), ChartError> {
@@ -187,15 +143,14 @@ pub fn timeline(
     file: &str,
     a: &DeviceAnalysis,
     options: &Options,
-) -> Result<ChartInfo, Error> {
-    let fail = |e| Error::new(out, ErrorKind::Chart(e));
-    let format = check_output(out).map_err(fail)?;
-    options.check_size().map_err(fail)?;
+) -> Result<ChartInfo, ChartError> {
+    let format = check_output(out)?;
+    options.check_size()?;
     let title = options
         .title
         .clone()
         .unwrap_or_else(|| default_title(file, &a.attribution));
-    draw::render(out, format, a, options, &title).map_err(fail)
+    draw::render(out, format, a, options, &title)
 }
 
 /// Draws a histogram of per-rank peaks (bytes) to `out` (PNG or SVG by extension).

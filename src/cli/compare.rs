@@ -10,6 +10,8 @@ use memsnap::chart;
 use memsnap::report::compare::{self, Pair, Profile, Ranks};
 use memsnap::report::{json, text, DeviceReport};
 
+use memsnap::error::UsageError;
+
 use super::{summaries, ui, Failure, InputArgs, Tally};
 
 /// Arguments of `memsnap compare`.
@@ -262,16 +264,14 @@ pub fn run(args: CompareArgs) -> Result<(), Failure> {
         } else {
             " (sub-folders are not searched without --recursive)"
         };
-        return Err(Failure::Usage(format!(
-            "{}: no snapshot files (.pickle, .pickle.xz, ...) found{hint}",
-            args.inputs[0].display()
-        )));
+        return Err(memsnap::Error::new(
+            &args.inputs[0],
+            UsageError::NoInputs { hint: hint.into() }.into(),
+        )
+        .into());
     }
     if files.len() == 1 && !any_dir && !is_summary_name(&files[0]) {
-        return Err(Failure::Usage(format!(
-            "{}: give two files, or a folder, to compare",
-            files[0].display()
-        )));
+        return Err(memsnap::Error::new(&files[0], UsageError::OneInput.into()).into());
     }
     let chart_options = match &args.png {
         Some(png) => {
@@ -285,10 +285,7 @@ pub fn run(args: CompareArgs) -> Result<(), Failure> {
     if files.iter().any(|f| is_summary_name(f)) {
         if let Some(summary) = files.iter().find(|f| is_summary_name(f)) {
             if files.iter().any(|f| !is_summary_name(f)) {
-                return Err(Failure::Usage(format!(
-                    "{}: is a report summary (.jsonl): give snapshots or summaries, not both",
-                    summary.display()
-                )));
+                return Err(memsnap::Error::new(summary, UsageError::MixedInputs.into()).into());
             }
         }
         return summaries::run(&files, &args);
@@ -342,7 +339,6 @@ pub fn run(args: CompareArgs) -> Result<(), Failure> {
         };
         super::timeline::draw_to(png, memsnap::output::Naming::Named, |at| {
             chart::render_panels(at, &panels, co, &title)
-                .map_err(|e| memsnap::Error::new(at, memsnap::ErrorKind::Chart(e)))
         })?;
         note!("memsnap: wrote {}", super::shown(png));
     }

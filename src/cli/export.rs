@@ -7,6 +7,8 @@ use memsnap::export::tables::{self, Table};
 use memsnap::output::{Naming, Pending};
 use memsnap::units;
 
+use memsnap::error::UsageError;
+
 use super::{load, Failure, InputArgs};
 
 /// File format of the tables.
@@ -58,21 +60,19 @@ pub struct ExportArgs {
 
 pub fn run(args: ExportArgs) -> Result<(), Failure> {
     if args.format != Format::Jsonl && !cfg!(feature = "export") {
-        return Err(Failure::Usage(
-            "this memsnap was built without the `export` feature (polars): use --format jsonl, \
-             or build with default features for Parquet and CSV"
-                .into(),
-        ));
+        return Err(Failure::Usage(UsageError::NotBuilt {
+            feature: "export",
+            instead:
+                "use --format jsonl, or build with default features (polars) for Parquet and CSV",
+        }));
     }
     prepare_folder(&args.output)?;
     let options = args.input.analysis()?;
     let snap = load(&args.file)?;
     let devices = match args.device {
-        Some(_) => vec![super::flamegraph::pick_device(
-            &snap,
-            args.device,
-            &args.file,
-        )?],
+        Some(_) => {
+            super::choose_devices(memsnap::analysis::devices(&snap), args.device, &args.file)?
+        }
         None => memsnap::analysis::devices(&snap),
     };
     let analyses: Vec<_> = devices
@@ -96,7 +96,7 @@ pub fn run(args: ExportArgs) -> Result<(), Failure> {
         write(&table, pending, args.format).map_err(|m| {
             memsnap::Error::new(
                 &path,
-                memsnap::ErrorKind::Usage(format!("cannot write it: {m}")),
+                memsnap::output::OutputError::Io(io::Error::other(m)).into(),
             )
         })?;
         if !args.json {
@@ -132,20 +132,16 @@ fn prepare_folder(dir: &Path) -> Result<(), Failure> {
         return Ok(());
     }
     if dir.exists() {
-        return Err(Failure::Usage(format!(
-            "{}: is a file: give a folder for the tables",
-            dir.display()
-        )));
+        return Err(
+            memsnap::Error::new(dir, UsageError::NotAFolder { option: "-o" }.into()).into(),
+        );
     }
     let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
     if parent.is_some_and(|p| !p.is_dir()) {
-        return Err(Failure::Usage(format!(
-            "{}: its parent folder does not exist",
-            dir.display()
-        )));
+        return Err(memsnap::Error::new(dir, UsageError::NoParentFolder.into()).into());
     }
     std::fs::create_dir(dir)
-        .map_err(|e| Failure::Usage(format!("{}: cannot create it: {e}", dir.display())))
+        .map_err(|e| memsnap::Error::new(dir, UsageError::CreateFolder(e).into()).into())
 }
 
 /// Writes one table through its pending output and puts it in place.

@@ -7,6 +7,8 @@ use memsnap::chart::flamegraph::{self, Moment, Root};
 use memsnap::output::Naming;
 use memsnap::units;
 
+use memsnap::error::UsageError;
+
 use super::{load, Failure, InputArgs};
 
 /// The level above the frames (`--root`).
@@ -54,28 +56,6 @@ fn parse_moment(s: &str) -> Result<Moment, String> {
     Moment::parse(s).ok_or_else(|| format!("{s:?}: use peak, end, #EVENT or SECONDS s (e.g. 3.2s)"))
 }
 
-/// The device asked for, which must have events, or the first device with events.
-pub(super) fn pick_device(
-    snap: &memsnap::snapshot::Snapshot,
-    asked: Option<u32>,
-    file: &std::path::Path,
-) -> Result<u32, Failure> {
-    let devices: Vec<u32> = snap.devices_with_events().collect();
-    match asked {
-        Some(d) if devices.contains(&d) => Ok(d),
-        Some(d) => Err(Failure::Usage(format!(
-            "{}: device {d} has no events",
-            file.display()
-        ))),
-        None => Ok(*devices.first().ok_or_else(|| {
-            memsnap::Error::new(
-                file,
-                memsnap::ErrorKind::NoDevice("no device has trace events".into()),
-            )
-        })?),
-    }
-}
-
 pub fn run(args: FlamegraphArgs) -> Result<(), Failure> {
     let (output, naming) = match &args.output {
         Some(path) => (path.clone(), Naming::Named),
@@ -83,22 +63,25 @@ pub fn run(args: FlamegraphArgs) -> Result<(), Failure> {
     };
     let fail = |e| memsnap::Error::new(&output, memsnap::ErrorKind::Chart(e));
     if !args.folded && output.extension().and_then(|e| e.to_str()) != Some("svg") {
-        return Err(Failure::Usage(format!(
-            "{}: a flamegraph is an SVG: give a file ending in .svg, or --folded",
-            output.display()
-        )));
+        return Err(memsnap::Error::new(
+            &output,
+            UsageError::OutputKind {
+                wants: "an SVG: give a file ending in .svg, or --folded",
+            }
+            .into(),
+        )
+        .into());
     }
     if !args.folded {
         super::check_output(&output, naming)?;
     }
     let options = args.input.analysis()?;
     let snap = load(&args.file)?;
-    let device = pick_device(&snap, args.device, &args.file)?;
+    let device = super::device(&snap, args.device, &args.file)?;
     let a = memsnap::analysis::analyse_device(&snap, device, &options);
-    let at = args
-        .at
-        .event(&a)
-        .map_err(|m| Failure::Usage(format!("{}: --at: {m}", args.file.display())))?;
+    let at = args.at.event(&a).map_err(|m| {
+        memsnap::Error::new(&args.file, UsageError::Moment(format!("--at: {m}")).into())
+    })?;
     let root = match args.root {
         RootArg::Step => Root::Step,
         RootArg::Stage => Root::Stage,

@@ -26,6 +26,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use memsnap::error::UsageError;
 use memsnap::replay::SizeModel;
 
 /// Explains PyTorch CUDA memory snapshots: where every byte of GPU memory went.
@@ -91,7 +92,7 @@ pub enum Failure {
     /// One error, not yet printed.
     Error(memsnap::Error),
     /// A mistake on the command line that names no file.
-    Usage(String),
+    Usage(memsnap::error::UsageError),
     /// Errors already printed, one line each; the exit code they call for.
     Printed(u8),
     /// Writing the output failed.
@@ -134,8 +135,8 @@ pub fn exit_code(outcome: Result<(), Failure>) -> ExitCode {
             complain(&e);
             code_of(&e)
         }
-        Err(Failure::Usage(message)) => {
-            note!("memsnap: {}", memsnap::units::printable(&message));
+        Err(Failure::Usage(e)) => {
+            note!("memsnap: {}", memsnap::units::printable(&e.to_string()));
             EXIT_USAGE
         }
         Err(Failure::Printed(code)) => code,
@@ -235,9 +236,9 @@ impl InputArgs {
             Some(path) => {
                 let fail = |kind| memsnap::Error::new(path, kind);
                 let text = read_small_text(path, MAX_RULES_BYTES).map_err(|m| {
-                    fail(memsnap::ErrorKind::Usage(format!(
-                        "cannot read the rules: {m}"
-                    )))
+                    fail(memsnap::ErrorKind::Rules(
+                        memsnap::attribute::rules::RulesError::Read(m),
+                    ))
                 })?;
                 Some(
                     memsnap::attribute::rules::RuleSet::parse(&text)
@@ -275,6 +276,44 @@ fn read_small_text(path: &Path, max: u64) -> Result<String, String> {
     })?;
     String::from_utf8(bytes)
         .map_err(|e| format!("not UTF-8 text (byte {})", e.utf8_error().valid_up_to()))
+}
+
+/// The devices a command works on: the one `--device` asks for, which must have trace events,
+/// or every device with events (at least one). Every command chooses devices here.
+fn devices(
+    snap: &memsnap::snapshot::Snapshot,
+    asked: Option<u32>,
+    file: &Path,
+) -> Result<Vec<u32>, memsnap::Error> {
+    choose_devices(snap.devices_with_events().collect(), asked, file)
+}
+
+/// The one of `available` that `--device` asks for, or all of them (at least one).
+fn choose_devices(
+    available: Vec<u32>,
+    asked: Option<u32>,
+    file: &Path,
+) -> Result<Vec<u32>, memsnap::Error> {
+    let fail = |kind| memsnap::Error::new(file, kind);
+    match asked {
+        Some(device) if available.contains(&device) => Ok(vec![device]),
+        Some(device) => Err(fail(
+            UsageError::DeviceNotFound { device, available }.into(),
+        )),
+        None if available.is_empty() => Err(fail(memsnap::ErrorKind::NoDevice(
+            "no device has trace events (memory history was not recorded)".into(),
+        ))),
+        None => Ok(available),
+    }
+}
+
+/// The device a command of one device works on: the one asked for, or the first with events.
+fn device(
+    snap: &memsnap::snapshot::Snapshot,
+    asked: Option<u32>,
+    file: &Path,
+) -> Result<u32, memsnap::Error> {
+    devices(snap, asked, file).map(|d| d[0])
 }
 
 /// Runs a parsed command line; returns the process exit code.
@@ -357,7 +396,7 @@ fn one_line_usage(text: &str, args: &[String]) -> String {
         .map(|usage| {
             usage
                 .split_whitespace()
-                .take_while(|w| !w.starts_with('[') && !w.starts_with('<'))
+                .take_while(|w| !w.starts_with(['[', '<', '-']))
                 .collect::<Vec<_>>()
                 .join(" ")
         })
@@ -521,12 +560,20 @@ mod tests {
     #[test]
     fn command_line_errors_are_one_line() {
         let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let given = ["memsnap", "report", "a.pickle", "--device", "1"];
+        let given = ["memsnap", "report", "a.pickle", "--colour", "1"];
         let e = Cli::try_parse_from(given).unwrap_err();
         let line = one_line_usage(&e.render().to_string(), &args(&given[1..]));
         assert_eq!(
             line,
-            "unexpected argument '--device' found (memsnap report --help lists the options)"
+            "unexpected argument '--colour' found (memsnap report --help lists the options)"
+        );
+        // clap's usage line names the options given; the command is the words before them
+        let given = ["memsnap", "report", "--source-root", "x"];
+        let e = Cli::try_parse_from(given).unwrap_err();
+        let line = one_line_usage(&e.render().to_string(), &args(&given[1..]));
+        assert!(
+            line.ends_with("(memsnap report --help lists the options)"),
+            "{line}"
         );
         let given = ["memsnap", "timeline", "a", "-o", "t.png", "--by", "x"];
         let e = Cli::try_parse_from(given).unwrap_err();

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use memsnap::analysis::{self, DeviceAnalysis, Dimension};
 use memsnap::report::{self, text::TextOptions, FileReport};
 
+use memsnap::error::UsageError;
+
 use super::{load, parse_dimension, stem, Failure, InputArgs, Tally};
 
 /// Arguments of `memsnap report`.
@@ -31,6 +33,10 @@ pub struct ReportArgs {
     /// paste into a pull request.
     #[arg(long, conflicts_with = "json")]
     pub markdown: bool,
+    /// Only this device (default: every device with trace events, or with segments when none
+    /// has events).
+    #[arg(long)]
+    pub device: Option<u32>,
     /// Also draw a timeline chart of each device into this folder (PNG; created if needed).
     #[arg(long, value_name = "DIR")]
     pub png: Option<PathBuf>,
@@ -58,7 +64,19 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
             }
         };
         let name = path.display().to_string();
-        let devices = analysis::analyse(&snap, &options);
+        let devices = match args.device {
+            None => analysis::analyse(&snap, &options),
+            Some(_) => match super::choose_devices(analysis::devices(&snap), args.device, path) {
+                Ok(chosen) => chosen
+                    .into_iter()
+                    .map(|d| analysis::analyse_device(&snap, d, &options))
+                    .collect(),
+                Err(e) => {
+                    tally.complain(&e);
+                    continue;
+                }
+            },
+        };
         let rep = FileReport::new(&name, &snap, &devices);
         if args.json {
             report::json::write(&mut out, &rep)?;
@@ -86,15 +104,11 @@ fn prepare_folder(dir: &Path) -> Result<(), memsnap::Error> {
     if dir.exists() && !dir.is_dir() {
         return Err(memsnap::Error::new(
             dir,
-            memsnap::ErrorKind::Usage("--png takes a folder, and this is a file".into()),
+            UsageError::NotAFolder { option: "--png" }.into(),
         ));
     }
-    std::fs::create_dir_all(dir).map_err(|e| {
-        memsnap::Error::new(
-            dir,
-            memsnap::ErrorKind::Usage(format!("cannot create the chart folder: {e}")),
-        )
-    })
+    std::fs::create_dir_all(dir)
+        .map_err(|e| memsnap::Error::new(dir, UsageError::CreateFolder(e).into()))
 }
 
 /// Draws one device's timeline next to the report.

@@ -56,7 +56,6 @@ pub fn run(files: &[PathBuf], args: &CompareArgs) -> Result<(), Failure> {
         let title = format!("peak allocated of {} ranks", ranks.peaks().len());
         super::timeline::draw_to(png, memsnap::output::Naming::Named, |at| {
             memsnap::chart::histogram(at, &ranks.peaks(), &title)
-                .map_err(|e| memsnap::Error::new(at, memsnap::ErrorKind::Chart(e)))
         })?;
         note!("memsnap: wrote {}", super::shown(png));
     }

@@ -87,27 +87,7 @@ pub fn run(args: TimelineArgs) -> Result<(), Failure> {
     options.check_size().map_err(fail)?;
     let analysis_options = args.input.analysis()?;
     let snap = load(&args.file)?;
-    let mut devices: Vec<u32> = snap.devices_with_events().collect();
-    if let Some(d) = args.device {
-        if !devices.contains(&d) {
-            return Err(memsnap::Error::new(
-                &args.file,
-                memsnap::ErrorKind::Usage(format!(
-                    "device {d} has no events (devices with events: {})",
-                    list(&devices)
-                )),
-            )
-            .into());
-        }
-        devices = vec![d];
-    }
-    if devices.is_empty() {
-        return Err(memsnap::Error::new(
-            &args.file,
-            memsnap::ErrorKind::NoDevice("no device has trace events to draw".into()),
-        )
-        .into());
-    }
+    let devices = super::devices(&snap, args.device, &args.file)?;
     let name = args.file.display().to_string();
     let several = devices.len() > 1;
     // Names memsnap made up are checked before anything is drawn.
@@ -134,25 +114,12 @@ pub fn run(args: TimelineArgs) -> Result<(), Failure> {
 pub fn draw_to<T>(
     out: &Path,
     naming: Naming,
-    draw: impl FnOnce(&Path) -> Result<T, memsnap::Error>,
+    draw: impl FnOnce(&Path) -> Result<T, chart::ChartError>,
 ) -> Result<T, memsnap::Error> {
     let pending = super::create_output(out, naming)?;
-    let drawn = draw(pending.path()).map_err(|mut e| {
-        e.file = out.to_path_buf();
-        e
-    })?;
+    // the error names the output, not the temporary file drawn into
+    let drawn =
+        draw(pending.path()).map_err(|e| memsnap::Error::new(out, memsnap::ErrorKind::Chart(e)))?;
     super::commit_output(pending, out)?;
     Ok(drawn)
-}
-
-/// `0, 1` or `none`.
-fn list(devices: &[u32]) -> String {
-    if devices.is_empty() {
-        return "none".into();
-    }
-    devices
-        .iter()
-        .map(|d| d.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
 }

@@ -9,6 +9,8 @@ use memsnap::replay::Replay;
 use memsnap::snapshot::Snapshot;
 use memsnap::units;
 
+use memsnap::error::UsageError;
+
 use super::{load, Failure};
 
 /// One end of the window: an event index (`1234` or `#1234`) or seconds from the first event.
@@ -70,17 +72,21 @@ pub fn run(args: TrimArgs) -> Result<(), Failure> {
     let name = args.output.to_string_lossy().to_ascii_lowercase();
     let compress = name.ends_with(".xz");
     if !(name.ends_with(".pickle") || name.ends_with(".pkl") || name.ends_with(".pickle.xz")) {
-        return Err(Failure::Usage(format!(
-            "{}: the output is a snapshot: give a file ending in .pickle or .pickle.xz",
-            args.output.display()
-        )));
+        return Err(memsnap::Error::new(
+            &args.output,
+            UsageError::OutputKind {
+                wants: "a snapshot: give a file ending in .pickle or .pickle.xz",
+            }
+            .into(),
+        )
+        .into());
     }
     super::check_output(&args.output, Naming::Named)?;
     let snap = load(&args.file)?;
-    let device = super::flamegraph::pick_device(&snap, args.device, &args.file)?;
+    let device = super::device(&snap, args.device, &args.file)?;
     let replay = memsnap::replay::replay(&snap, device, memsnap::replay::SizeModel::Allocator);
     let (from, to) = window(&snap, &replay, &args)
-        .map_err(|m| Failure::Usage(format!("{}: {m}", args.file.display())))?;
+        .map_err(|m| memsnap::Error::new(&args.file, UsageError::Moment(m).into()))?;
     let write_error = |e: std::io::Error| super::write_failed(&args.output, e);
     let mut pending = super::create_output(&args.output, Naming::Named)?;
     let window = Window { device, from, to };
@@ -165,7 +171,16 @@ fn print_summary(
         "  {what} {} → {} ({share:.1}% of the original)",
         units::bytes(before),
         units::bytes(after),
-    )
+    )?;
+    if after >= before {
+        // the window kept (nearly) everything, and the rewrite is no smaller than the original
+        writeln!(
+            out,
+            "  not smaller: the window holds {:.0}% of the trace's events; a narrower window (--around-peak, --from, --to) makes a smaller file",
+            summary.events as f64 * 100.0 / trace_events.max(1) as f64
+        )?;
+    }
+    Ok(())
 }
 
 /// The window as `from..to` event indices, or why it is empty or outside the trace.

@@ -9,6 +9,8 @@ use memsnap::report::whatif::{self, DeviceWhatIf, WhatIfOptions, WhatIfReport};
 use memsnap::report::{json, text};
 use memsnap::simulate::{parse_size, AllocConf};
 
+use memsnap::error::UsageError;
+
 use super::{load, Failure, InputArgs, Tally};
 
 /// The memory limit and device options shared by `whatif` and `oom`.
@@ -45,11 +47,13 @@ struct Limits {
 
 impl LimitArgs {
     fn limits(&self) -> Result<Limits, Failure> {
-        let size = |flag: &str, text: &str| {
+        let size = |flag: &'static str, text: &str| {
             parse_size(text).ok_or_else(|| {
-                Failure::Usage(format!(
-                    "{flag} {text:?}: not a size (use bytes, or a number with KiB, MiB, GiB)"
-                ))
+                Failure::Usage(UsageError::BadValue {
+                    option: flag,
+                    value: text.to_string(),
+                    reason: "not a size (use bytes, or a number with KiB, MiB, GiB)".into(),
+                })
             })
         };
         let device_total = match &self.device_total {
@@ -60,9 +64,11 @@ impl LimitArgs {
             (Some(c), _, _) => Some(size("--cap", c)?),
             (None, Some(f), Some(total)) => {
                 if !(0.0..=1.0).contains(&f) {
-                    return Err(Failure::Usage(format!(
-                        "--cap-fraction {f}: a fraction from 0 to 1"
-                    )));
+                    return Err(Failure::Usage(UsageError::BadValue {
+                        option: "--cap-fraction",
+                        value: f.to_string(),
+                        reason: "a fraction from 0 to 1".into(),
+                    }));
                 }
                 // as PyTorch: (size_t)(fraction * total), and 1.0 means no cap
                 (f < 1.0).then_some((f * total as f64) as u64)
@@ -86,15 +92,25 @@ const MAX_CONFS: usize = 64;
 /// The longest settings string read (real ones are a few dozen bytes).
 const MAX_CONF_BYTES: usize = 4096;
 
-fn parse_conf(flag: &str, text: &str) -> Result<AllocConf, Failure> {
+fn parse_conf(flag: &'static str, text: &str) -> Result<AllocConf, Failure> {
     if text.len() > MAX_CONF_BYTES {
-        return Err(Failure::Usage(format!(
-            "{flag}: a settings string of {} is not read (at most {})",
-            memsnap::units::bytes(text.len() as u64),
-            memsnap::units::bytes(MAX_CONF_BYTES as u64)
-        )));
+        return Err(Failure::Usage(UsageError::BadValue {
+            option: flag,
+            value: format!("{}…", text.chars().take(40).collect::<String>()),
+            reason: format!(
+                "a settings string of {} is not read (at most {})",
+                memsnap::units::bytes(text.len() as u64),
+                memsnap::units::bytes(MAX_CONF_BYTES as u64)
+            ),
+        }));
     }
-    AllocConf::parse(text).map_err(|e| Failure::Usage(format!("{flag} {text:?}: {e}")))
+    AllocConf::parse(text).map_err(|e| {
+        Failure::Usage(UsageError::BadValue {
+            option: flag,
+            value: text.to_string(),
+            reason: e.to_string(),
+        })
+    })
 }
 
 /// Arguments of `memsnap whatif`.
@@ -147,16 +163,11 @@ fn devices<'s>(
     device: Option<u32>,
     options: &analysis::Options,
 ) -> Result<Vec<DeviceAnalysis<'s>>, memsnap::Error> {
-    let mut devices: Vec<u32> = snap.devices_with_events().collect();
-    if let Some(d) = device {
-        if !devices.contains(&d) {
-            return Err(memsnap::Error::new(
-                path,
-                memsnap::ErrorKind::Usage(format!("device {d} has no events")),
-            ));
-        }
-        devices = vec![d];
-    }
+    let devices = match device {
+        Some(_) => super::devices(snap, device, path)?,
+        // a file without events is explained by the text (memory history was not recorded)
+        None => snap.devices_with_events().collect(),
+    };
     Ok(devices
         .into_iter()
         .map(|d| analysis::analyse_device(snap, d, options))
@@ -187,9 +198,11 @@ pub fn run_whatif(args: WhatIfArgs) -> Result<(), Failure> {
     let limits = args.limits.limits()?;
     let asked = args.tries.len() + usize::from(args.alloc_conf.is_some());
     if asked > MAX_CONFS {
-        return Err(Failure::Usage(format!(
-            "--try: {asked} settings asked for; at most {MAX_CONFS} are simulated in one run"
-        )));
+        return Err(Failure::Usage(UsageError::TooMany {
+            option: "--try",
+            given: asked,
+            most: MAX_CONFS,
+        }));
     }
     let mut confs = Vec::new();
     if let Some(c) = &args.alloc_conf {

@@ -41,7 +41,6 @@
 //! assert_eq!(out.heap.list(l), &[Value::Int(1), Value::Int(2)]);
 //! ```
 
-mod error;
 mod gunzip;
 mod memo;
 pub mod opcodes;
@@ -52,7 +51,7 @@ mod value;
 mod vm;
 pub mod writer;
 
-pub use error::{DecodeError, DecodeErrorKind, FieldError};
+pub use crate::error::{DecodeError, DecodeErrorKind, FieldError};
 pub use source::Compression;
 pub use value::{Heap, Ref, StrId, Value};
 pub use vm::{

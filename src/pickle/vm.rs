@@ -10,11 +10,11 @@ use std::io::Read;
 mod flat;
 pub use flat::{FlatAdopted, FlatDict, FlatItem, FlatList};
 
-use super::error::{DecodeError, DecodeErrorKind, FieldError};
 use super::memo::Memo;
 use super::opcodes as op;
 use super::reader::{ReadError, Reader};
 use super::value::{Heap, Value};
+use crate::error::{DecodeError, DecodeErrorKind, FieldError};
 
 /// Caps that keep a hostile pickle from taking unbounded memory.
 #[derive(Clone, Copy, Debug)]

@@ -230,11 +230,6 @@ impl Replay {
         self.allocated.is_empty()
     }
 
-    /// Allocated bytes after event `i`, or at trace start for `None`.
-    pub fn allocated_at(&self, i: Option<usize>) -> u64 {
-        i.map_or(self.start.allocated, |i| self.allocated[i])
-    }
-
     /// Reserved bytes after event `i`, or at trace start for `None`.
     pub fn reserved_at(&self, i: Option<usize>) -> u64 {
         let Some(i) = i else {
@@ -269,13 +264,6 @@ pub fn size_rules(snap: &Snapshot) -> SizeRules {
             ..SizeRules::default()
         },
     }
-}
-
-/// Replays every device that has events.
-pub fn replay_all(snap: &Snapshot, model: SizeModel) -> Vec<Replay> {
-    snap.devices_with_events()
-        .map(|d| replay(snap, d, model))
-        .collect()
 }
 
 /// Replays one device's trace.

@@ -377,14 +377,4 @@ impl Snapshot {
         map.get(&file)
             .map_or_else(|| self.str(file), |s| s.as_str())
     }
-
-    /// Formats a frame as `file:line:name` (C++ frames: `name`).
-    pub fn frame_text(&self, id: FrameId) -> String {
-        let f = self.stacks.frame(id);
-        if f.line == 0 {
-            self.str(f.name).to_string()
-        } else {
-            format!("{}:{}:{}", self.str(f.filename), f.line, self.str(f.name))
-        }
-    }
 }

@@ -2,7 +2,7 @@
 
 use std::io::{self, Write};
 
-use super::{indented, shorten_left, table};
+use super::{indented, prose, shorten_left, table};
 use crate::analysis::PeakPlace;
 use crate::report::compare::{short_paths, Diff, Pair, RankRow, Ranks};
 use crate::units;
@@ -64,18 +64,23 @@ fn write_diffs(
 /// Writes a two-snapshot comparison.
 pub fn write_pair(out: &mut dyn Write, pair: &Pair, top: usize) -> io::Result<()> {
     if super::markdown() {
-        writeln!(
-            out,
-            "- **{}** peaks {} {} than **{}**",
-            pair.b.name,
-            units::bytes(pair.peak_allocated_diff_bytes.unsigned_abs()),
-            if pair.peak_allocated_diff_bytes >= 0 {
-                "higher"
-            } else {
-                "lower"
-            },
-            pair.a.name
-        )?;
+        let d = pair.peak_allocated_diff_bytes;
+        if d == 0 {
+            writeln!(
+                out,
+                "- **{}** and **{}** peak at the same allocated bytes",
+                pair.a.name, pair.b.name
+            )?;
+        } else {
+            writeln!(
+                out,
+                "- **{}** peaks {} {} than **{}**",
+                pair.b.name,
+                units::bytes(d.unsigned_abs()),
+                if d > 0 { "higher" } else { "lower" },
+                pair.a.name
+            )?;
+        }
     }
     // long names are introduced once and the columns say `first` and `second`
     let long = pair.a.name.chars().count().max(pair.b.name.chars().count()) > 16;
@@ -89,11 +94,12 @@ pub fn write_pair(out: &mut dyn Write, pair: &Pair, top: usize) -> io::Result<()
             Some(r) if long => format!(" · rank {r}"),
             _ => String::new(),
         };
-        writeln!(
-            out,
-            "{column}: {} · device {}{rank}",
-            side.file, side.device
-        )?;
+        let line = format!("{column}: {} · device {}{rank}", side.file, side.device);
+        if super::markdown() {
+            prose(out, &line)?;
+        } else {
+            writeln!(out, "{line}")?;
+        }
     }
     writeln!(out)?;
     let mut t = table(&["", &a, &b, "difference"]);
@@ -111,8 +117,8 @@ pub fn write_pair(out: &mut dyn Write, pair: &Pair, top: usize) -> io::Result<()
     ]);
     writeln!(out, "{}", indented(&t, "  "))?;
     writeln!(out)?;
-    writeln!(out, "  {a} peaks in {}", place(&pair.a.peak))?;
-    writeln!(out, "  {b} peaks in {}", place(&pair.b.peak))?;
+    prose(out, &format!("{a} peaks in {}", place(&pair.a.peak)))?;
+    prose(out, &format!("{b} peaks in {}", place(&pair.b.peak)))?;
     if let Some(stages) = pair.breakdown.get("stage") {
         let (more_b, more_a) = (mostly(stages, 3), {
             let flipped: Vec<Diff> = stages
@@ -125,10 +131,10 @@ pub fn write_pair(out: &mut dyn Write, pair: &Pair, top: usize) -> io::Result<()
             mostly(&flipped, 3)
         });
         if !more_b.is_empty() {
-            writeln!(out, "  {b} holds more of: {more_b}")?;
+            prose(out, &format!("{b} holds more of: {more_b}"))?;
         }
         if !more_a.is_empty() {
-            writeln!(out, "  {a} holds more of: {more_a}")?;
+            prose(out, &format!("{a} holds more of: {more_a}"))?;
         }
     }
     for (dim, title) in [
@@ -185,7 +191,7 @@ pub fn write_ranks(out: &mut dyn Write, ranks: &Ranks, top: usize) -> io::Result
     // Files named alike but for their rank are named once, as a pattern, above the table.
     let pattern = common_pattern(ranks);
     if let Some(p) = &pattern {
-        writeln!(out, "  files: {p}")?;
+        prose(out, &format!("files: {p}"))?;
         writeln!(out)?;
     }
     let mut header = vec![
@@ -313,14 +319,16 @@ fn write_why(out: &mut dyn Write, why: &Pair, top: usize) -> io::Result<()> {
         (&why.a, &why.b)
     };
     writeln!(out)?;
-    writeln!(
+    prose(
         out,
-        "  why {} peaks {} above {}: at their peaks ({} vs {})",
-        hi.name,
-        units::bytes(why.peak_allocated_diff_bytes.unsigned_abs()),
-        lo.name,
-        place(&hi.peak),
-        place(&lo.peak)
+        &format!(
+            "why {} peaks {} above {}: at their peaks ({} vs {})",
+            hi.name,
+            units::bytes(why.peak_allocated_diff_bytes.unsigned_abs()),
+            lo.name,
+            place(&hi.peak),
+            place(&lo.peak)
+        ),
     )?;
     if let Some(stages) = why.breakdown.get("stage") {
         let towards_hi: Vec<Diff> = stages
@@ -336,7 +344,7 @@ fn write_why(out: &mut dyn Write, why: &Pair, top: usize) -> io::Result<()> {
             .collect();
         let more = mostly(&towards_hi, 3);
         if !more.is_empty() {
-            writeln!(out, "  {} holds more of: {more}", hi.name)?;
+            prose(out, &format!("{} holds more of: {more}", hi.name))?;
         }
     }
     let (a, b) = (&why.a.name, &why.b.name);
@@ -378,10 +386,12 @@ pub fn write_many(out: &mut dyn Write, ranks: &Ranks, top: usize) -> io::Result<
         keep.extend((0..ranks.rows.len()).filter(|&i| ranks.rows[i].error.is_some()));
         keep.sort_unstable();
         keep.dedup();
-        writeln!(
+        prose(
             out,
-            "  {} ranks; the ten highest and the ten lowest peaks (--json for all):",
-            units::count(ranks.rows.len() as u64)
+            &format!(
+                "{} ranks; the ten highest and the ten lowest peaks (--json for all):",
+                units::count(ranks.rows.len() as u64)
+            ),
         )?;
         writeln!(out)?;
         write_ranks(out, &ranks.subset(&keep), top)?;
@@ -400,11 +410,18 @@ fn write_spread(out: &mut dyn Write, peaks: &[u64]) -> io::Result<()> {
     let bins = crate::analysis::histogram(peaks, 10);
     let most = bins.iter().map(|b| b.2).max().unwrap_or(1).max(1);
     writeln!(out)?;
-    writeln!(
+    prose(
         out,
-        "  peak allocated across {} ranks:",
-        units::count(peaks.len() as u64)
+        &format!(
+            "peak allocated across {} ranks:",
+            units::count(peaks.len() as u64)
+        ),
     )?;
+    // in Markdown the bars are a code block: aligned, and not run together
+    let markdown = super::markdown();
+    if markdown {
+        writeln!(out, "\n```text")?;
+    }
     for (from, to, n) in bins {
         let bar = "█".repeat((n * 40).div_ceil(most));
         let line = format!(
@@ -414,6 +431,9 @@ fn write_spread(out: &mut dyn Write, peaks: &[u64]) -> io::Result<()> {
             units::count(n as u64)
         );
         writeln!(out, "{}", line.trim_end())?;
+    }
+    if markdown {
+        writeln!(out, "```")?;
     }
     Ok(())
 }

@@ -91,6 +91,16 @@ pub fn shorten_left(s: &str, max: usize) -> String {
     }
 }
 
+/// A line of prose between a view's tables: indented in text; in Markdown a list item, since
+/// lines in a row would otherwise run together into one paragraph.
+pub fn prose(out: &mut dyn Write, text: &str) -> io::Result<()> {
+    if markdown() {
+        writeln!(out, "- {text}")
+    } else {
+        writeln!(out, "  {text}")
+    }
+}
+
 /// Indents every line of a rendered table.
 pub fn indented(t: &Table, by: &str) -> String {
     if markdown() {

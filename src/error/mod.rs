@@ -1,12 +1,21 @@
 //! Errors: one type for the library, one line for the user.
+//!
+//! Every error type of the crate is defined here, at the ground, so that this module imports
+//! nothing from the stages above it: [`decode`] holds the pickle reader's errors (re-exported by
+//! [`crate::pickle`]), [`options`] those of rules, charts and options (re-exported by
+//! [`crate::attribute::rules`] and [`crate::chart`]); output errors come from
+//! [`crate::output`], the other ground module.
+
+pub mod decode;
+pub mod options;
 
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::attribute::rules::RulesError;
-use crate::chart::ChartError;
+pub use decode::{DecodeError, DecodeErrorKind, FieldError};
+pub use options::{ChartError, RulesError, UsageError};
+
 use crate::output::OutputError;
-use crate::pickle::{DecodeError, FieldError};
 
 /// A file could not be read, decoded or analysed.
 ///
@@ -72,10 +81,16 @@ pub enum ErrorKind {
     NoDevice(String),
     /// An option value that does not fit this file or command.
     #[error("{0}")]
-    Usage(String),
+    Usage(UsageError),
     /// An output that cannot be written (or must not be: it is an input).
     #[error("{0}")]
     Output(OutputError),
+}
+
+impl From<UsageError> for ErrorKind {
+    fn from(e: UsageError) -> ErrorKind {
+        ErrorKind::Usage(e)
+    }
 }
 
 impl From<OutputError> for ErrorKind {

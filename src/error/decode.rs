@@ -1,4 +1,5 @@
-//! Decoding errors: what went wrong and the byte offset where it did.
+//! Decoding errors of the pickle reader ([`crate::pickle`]): what went wrong and the byte offset
+//! where it did.
 
 use std::io;
 
@@ -112,7 +113,7 @@ pub enum DecodeErrorKind {
     /// Protocol-5 out-of-band buffers.
     #[error("out-of-band buffers (pickle protocol 5) cannot be read from a file")]
     OutOfBand,
-    /// The consumer of the values refused one (see [`super::Adopter`]).
+    /// The consumer of the values refused one (see [`crate::pickle::Adopter`]).
     #[error("{0}")]
     Rejected(FieldError),
     /// Reading or decompressing failed.
