@@ -8,11 +8,7 @@ use serde_json::Value;
 use crate::util::*;
 
 fn report(path: &Path, extra: &[&str]) -> Value {
-    let mut args = vec!["report", "--json"];
-    let p = path.to_string_lossy().into_owned();
-    args.push(&p);
-    args.extend_from_slice(extra);
-    serde_json::from_str(&ok(&args)).expect("JSON")
+    report_json(path, extra)
 }
 
 fn gib(v: &Value) -> String {

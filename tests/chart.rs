@@ -191,3 +191,80 @@ fn bad_chart_requests() {
         stderr(&o)
     );
 }
+
+/// A trace whose first event is followed by a long idle stretch is drawn by event index (the
+/// work would otherwise fill a sliver of the width), and the axis says why; `--x time` still
+/// draws seconds.
+#[test]
+fn an_idle_start_is_drawn_by_event() {
+    use serde_pickle::value::{HashableValue as H, Value as V};
+    use std::collections::BTreeMap;
+    let event = |action: &str, addr: i64, size: i64, time: i64| {
+        let mut e = BTreeMap::new();
+        e.insert(H::String("action".into()), V::String(action.into()));
+        e.insert(H::String("addr".into()), V::I64(addr));
+        e.insert(H::String("size".into()), V::I64(size));
+        e.insert(H::String("stream".into()), V::I64(0));
+        e.insert(H::String("time_us".into()), V::I64(time));
+        e.insert(H::String("frames".into()), V::List(vec![]));
+        V::Dict(e)
+    };
+    let base = 1i64 << 40;
+    let t = 1_700_000_000_000_000i64;
+    let mut trace = vec![event("segment_alloc", base, 64 << 20, t)];
+    // ten idle seconds, then 200 allocations and frees within 20 ms
+    for i in 0..100i64 {
+        let at = t + 10_000_000 + i * 200;
+        trace.push(event("alloc", base + i * (1 << 20), 1 << 20, at));
+    }
+    for i in 0..100i64 {
+        let at = t + 10_020_000 + i * 200;
+        trace.push(event("free_requested", base + i * (1 << 20), 1 << 20, at));
+        trace.push(event(
+            "free_completed",
+            base + i * (1 << 20),
+            1 << 20,
+            at + 1,
+        ));
+    }
+    let dir = scratch();
+    let f = write(&dir, "idle.pickle", &snapshot_pickle(vec![], trace));
+    let out = dir.path().join("idle.svg").to_string_lossy().into_owned();
+    ok(&["timeline", &f, "-o", &out]);
+    let svg = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        svg.contains("no event for 10.0 s of the trace&apos;s 10.0 s")
+            || svg.contains("no event for 10.0 s of the trace's 10.0 s"),
+        "the axis names the idle stretch"
+    );
+    let timed = dir.path().join("timed.svg").to_string_lossy().into_owned();
+    ok(&["timeline", &f, "-o", &timed, "--x", "time"]);
+    let svg = std::fs::read_to_string(&timed).unwrap();
+    assert!(svg.contains("seconds from the first recorded event"));
+}
+
+/// The band of smaller groups is named with how many groups it holds and the most they reach,
+/// since it can be large away from the peak.
+#[test]
+fn the_smaller_groups_say_what_they_hold() {
+    let file = testdata("snapshots/transformers/memory_snapshot_llama_rank0.pickle.xz");
+    let dir = scratch();
+    let out = dir.path().join("sites.svg").to_string_lossy().into_owned();
+    ok(&[
+        "timeline",
+        &file.to_string_lossy(),
+        "-o",
+        &out,
+        "--by",
+        "site",
+    ]);
+    let svg = std::fs::read_to_string(&out).unwrap();
+    let at = svg.find(" more, up to ").expect("the band is named");
+    // its count comes just before, as a number
+    let before: String = svg[..at]
+        .chars()
+        .rev()
+        .take_while(|c| c.is_ascii_digit() || *c == ',')
+        .collect();
+    assert!(!before.is_empty(), "a count precedes the name");
+}

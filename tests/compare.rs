@@ -4,12 +4,6 @@ use serde_json::Value;
 
 use crate::util::*;
 
-fn json(args: &[&str]) -> Value {
-    let mut a = args.to_vec();
-    a.push("--json");
-    serde_json::from_str(&ok(&a)).expect("JSON")
-}
-
 fn peak_of(file: &std::path::Path) -> u64 {
     let v = json(&["report", &file.to_string_lossy()]);
     v["devices"][0]["peak_allocated_bytes"].as_u64().unwrap()

@@ -33,9 +33,7 @@ const EVENT_COLUMNS: [&str; 21] = [
 ];
 
 fn report(file: &str) -> serde_json::Value {
-    let all: serde_json::Value =
-        serde_json::from_str(ok(&["report", "--json", file]).trim()).unwrap();
-    all["devices"][0].clone()
+    report_json(file, &[])["devices"][0].clone()
 }
 
 fn jsonl(path: &Path) -> Vec<serde_json::Value> {
@@ -255,8 +253,7 @@ fn every_shared_snapshot_exports_its_report_figures() {
             "--format",
             "jsonl",
         ]);
-        let all: serde_json::Value =
-            serde_json::from_str(ok(&["report", "--json", &name]).trim()).unwrap();
+        let all = report_json(&name, &[]);
         // Only the columns checked, typed: the largest file has 325,071 events.
         #[derive(serde::Deserialize)]
         struct Row {

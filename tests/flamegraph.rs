@@ -22,7 +22,7 @@ fn folded_stacks_add_up_to_allocated_memory() {
     let mut checked = 0;
     for f in files {
         let f = f.to_string_lossy().into_owned();
-        let rep: serde_json::Value = serde_json::from_str(&ok(&["report", "--json", &f])).unwrap();
+        let rep = report_json(&f, &[]);
         let d = &rep["devices"][0];
         if d["events"] == 0 {
             continue;

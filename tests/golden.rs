@@ -160,6 +160,8 @@ struct Sample {
     place: String,
     /// The command line after `$ `.
     command: String,
+    /// The indentation of the block, taken off its lines.
+    indent: String,
     /// The lines the document shows after it.
     output: String,
     /// Byte range of `output` in the document, to rewrite it when blessing.
@@ -167,41 +169,60 @@ struct Sample {
 }
 
 /// The ```` ```console ```` blocks of a document: each `$ memsnap ...` line and the lines below
-/// it up to the next `$ ` line or the block's end.
+/// it up to the next `$ ` line or the block's end. A block indented (inside a list item) has
+/// its indentation taken off its lines.
 fn samples(doc: &Path, text: &str) -> Vec<Sample> {
     let mut out = Vec::new();
-    let mut in_console = false;
+    let mut indent: Option<String> = None;
     let mut current: Option<Sample> = None;
     let mut at = 0;
     for (n, line) in text.split_inclusive('\n').enumerate() {
-        let start = at;
         at += line.len();
         let trimmed = line.trim_end();
-        if !in_console {
-            in_console = trimmed == "```console";
+        let Some(pad) = &indent else {
+            if trimmed.trim_start() == "```console" {
+                indent = Some(trimmed[..trimmed.len() - "```console".len()].to_string());
+            }
             continue;
-        }
-        if trimmed == "```" || trimmed.starts_with("$ ") {
+        };
+        let inner = trimmed
+            .strip_prefix(pad.as_str())
+            .unwrap_or(trimmed.trim_start());
+        if inner == "```" || inner.starts_with("$ ") {
             out.extend(current.take());
-            if trimmed == "```" {
-                in_console = false;
+            if inner == "```" {
+                indent = None;
                 continue;
             }
             current = Some(Sample {
                 place: format!("{}:{}", doc.display(), n + 1),
-                command: trimmed[2..].to_string(),
+                command: inner[2..].to_string(),
+                indent: pad.clone(),
                 output: String::new(),
                 span: at..at,
             });
             continue;
         }
         if let Some(s) = &mut current {
-            s.output.push_str(line);
+            s.output
+                .push_str(line.strip_prefix(pad.as_str()).unwrap_or(line));
             s.span.end = at;
-            debug_assert!(s.span.start <= start);
         }
     }
     out
+}
+
+/// `text` with `indent` in front of every line that is not empty.
+fn indent_lines(text: &str, indent: &str) -> String {
+    text.split_inclusive('\n')
+        .map(|l| {
+            if l.trim().is_empty() {
+                l.trim_start_matches([' ', '\t']).to_string()
+            } else {
+                format!("{indent}{l}")
+            }
+        })
+        .collect()
 }
 
 /// A scratch folder where the documents' commands run: `testdata` and `examples` are links
@@ -273,7 +294,9 @@ fn document_samples_are_what_the_commands_print() {
             checked += 1;
             let play = playground();
             match run_shell(&s.command, play.path()) {
-                Ok(actual) if bless() => blessed.replace_range(s.span.clone(), &actual),
+                Ok(actual) if bless() => {
+                    blessed.replace_range(s.span.clone(), &indent_lines(&actual, &s.indent))
+                }
                 Ok(actual) if actual == s.output => {}
                 Ok(actual) => failures.push(format!(
                     "{} `{}`: {}",
@@ -365,4 +388,10 @@ fn samples_are_found_with_their_output() {
     assert_eq!(&doc[found[0].span.clone()], "line 1\nline 2\n");
     assert_eq!(found[1].output, "x\n");
     assert_eq!(found[1].place, "d.md:6");
+    // inside a list item
+    let doc = "- item\n\n  ```console\n  $ memsnap report a\n  row\n\n  row 2\n  ```\n";
+    let found = samples(Path::new("d.md"), doc);
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].output, "row\n\nrow 2\n");
+    assert_eq!(indent_lines(&found[0].output, "  "), "  row\n\n  row 2\n");
 }

@@ -236,7 +236,7 @@ fn impossible_sizes_are_anomalies_not_wrapped_figures() {
         text.contains("event 2: alloc of 18446744073709551615 bytes, more than any GPU holds"),
         "{text}"
     );
-    let v: serde_json::Value = serde_json::from_str(&ok(&["report", "--json", &f])).unwrap();
+    let v = report_json(&f, &[]);
     let d = &v["devices"][0];
     assert_eq!(d["peak_allocated_bytes"], 512, "{d}");
     assert_eq!(d["peak_reserved_bytes"], 2 << 20, "{d}");

@@ -20,15 +20,6 @@ fn plain_copy(dir: &Path, name: &str) -> PathBuf {
     path
 }
 
-/// Asserts one line on stderr, exit code `code`, no panic.
-fn one_line_failure(o: &std::process::Output, code: i32, says: &str) {
-    let err = stderr(o);
-    assert_eq!(o.status.code(), Some(code), "{err}");
-    assert_eq!(err.lines().count(), 1, "one line: {err}");
-    assert!(err.contains(says), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
-}
-
 fn names_in(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(dir)
         .unwrap()

@@ -8,11 +8,7 @@ use serde_json::Value;
 use crate::util::*;
 
 fn report(file: &std::path::Path, extra: &[&str]) -> Value {
-    let mut args = vec!["report", "--json"];
-    let f = file.to_string_lossy();
-    args.push(&f);
-    args.extend_from_slice(extra);
-    serde_json::from_str(&ok(&args)).expect("JSON")
+    report_json(file, extra)
 }
 
 /// `(kind, rank, snapshot)` of every transformers recording.

@@ -28,7 +28,7 @@ fn write_snapshot(dir: &tempfile::TempDir, name: &str, segments: Vec<V>, trace: 
 }
 
 fn json(file: &str) -> serde_json::Value {
-    serde_json::from_str(&ok(&["report", "--json", file])).unwrap()
+    report_json(file, &[])
 }
 
 /// Allocations at distinct addresses with no segment to hold them.

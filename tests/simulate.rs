@@ -6,12 +6,6 @@ use serde_json::Value;
 
 use crate::util::*;
 
-fn json(args: &[&str]) -> Value {
-    let mut a = args.to_vec();
-    a.push("--json");
-    serde_json::from_str(&ok(&a)).expect("JSON")
-}
-
 /// Each recorded run: name, settings, cap, and PyTorch's own figures.
 fn runs() -> Vec<Value> {
     let text = std::fs::read_to_string(testdata("snapshots/allocator/results.jsonl")).unwrap();

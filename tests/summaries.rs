@@ -100,8 +100,7 @@ fn summaries_give_the_rank_table_of_the_snapshots() {
 #[test]
 fn thousands_of_ranks_merge_from_summaries() {
     let snapshot = &pipeline_snapshots()[0];
-    let template: serde_json::Value =
-        serde_json::from_str(ok(&["report", "--json", snapshot]).trim()).unwrap();
+    let template = report_json(snapshot, &[]);
     let base = template["devices"][0]["peak_allocated_bytes"]
         .as_u64()
         .unwrap();
@@ -155,4 +154,23 @@ fn thousands_of_ranks_merge_from_summaries() {
     assert!(text.contains("rank 4095"), "{text}");
     assert!(text.lines().count() < 120, "{text}");
     assert!(fs::metadata(&png).unwrap().len() > 1000);
+}
+
+/// An empty summary file is an error that names it, and no chart is drawn when no summary
+/// could be read (an empty chart would look like a result).
+#[test]
+fn nothing_to_compare_draws_nothing() {
+    let dir = scratch();
+    let empty = write(&dir, "empty.jsonl", b"");
+    let png = dir.path().join("spread.png");
+    let png_arg = png.to_string_lossy().into_owned();
+    let o = memsnap(&["compare", &empty, "--png", &png_arg]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("empty.jsonl: not a memory snapshot: holds no report summary"));
+    assert!(stderr(&o).contains("not drawn"), "{}", stderr(&o));
+    assert!(!png.exists());
+    let missing = dir.path().join("none.jsonl").to_string_lossy().into_owned();
+    let o = memsnap(&["compare", &missing, "--png", &png_arg]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(!png.exists());
 }

@@ -9,9 +9,7 @@ const PIPELINE: &str = "snapshots/pipelines/pp4n8/memory_snapshot_rank0_pp4n8_st
 
 /// The report of one device of `file`.
 fn device_report(file: &str, device: u64) -> serde_json::Value {
-    let all: serde_json::Value = serde_json::from_str(ok(&["report", "--json", file]).trim())
-        .expect("report --json is JSON");
-    all["devices"]
+    report_json(file, &[])["devices"]
         .as_array()
         .unwrap()
         .iter()
@@ -129,8 +127,7 @@ fn trims_every_shared_snapshot_around_its_peak() {
     let out = scratch.path().join("t.pickle");
     for file in shared_snapshots(&dir) {
         let name = file.to_string_lossy().into_owned();
-        let all: serde_json::Value =
-            serde_json::from_str(ok(&["report", "--json", &name]).trim()).unwrap();
+        let all = report_json(&name, &[]);
         for d in all["devices"].as_array().unwrap() {
             let consistent = d["replay_consistent"] == true;
             if d["events"].as_u64().unwrap_or(0) == 0 || !consistent {
@@ -173,4 +170,39 @@ fn bad_windows_get_one_line_and_exit_2() {
         assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
         assert!(stderr(&o).contains(needle), "{}", stderr(&o));
     }
+}
+
+/// A window that keeps nearly the whole trace can give a file no smaller than the original:
+/// trim says so, and how much of the trace the window holds.
+#[test]
+fn a_window_that_saves_nothing_says_so() {
+    let file = testdata("snapshots/fsdp/memory_snapshot_rank0_step1.pickle.xz");
+    let dir = scratch();
+    let out = dir
+        .path()
+        .join("peak.pickle")
+        .to_string_lossy()
+        .into_owned();
+    let printed = ok(&[
+        "trim",
+        &file.to_string_lossy(),
+        "--around-peak",
+        "1000",
+        "-o",
+        &out,
+    ]);
+    assert!(
+        printed.contains("not smaller: the window holds 90% of the trace's events"),
+        "{printed}"
+    );
+    // a narrow window is smaller and says nothing of the kind
+    let printed = ok(&[
+        "trim",
+        &file.to_string_lossy(),
+        "--around-peak",
+        "50",
+        "-o",
+        &out,
+    ]);
+    assert!(!printed.contains("not smaller"), "{printed}");
 }

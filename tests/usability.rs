@@ -11,12 +11,7 @@ fn single() -> String {
 
 /// Runs memsnap, expects `code` and one stderr line containing `needle`.
 fn fails_with(args: &[&str], code: i32, needle: &str) {
-    let o = memsnap(args);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
-    assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
-    assert!(err.contains(needle), "{args:?}: {err}");
-    assert!(!err.contains("panicked") && !err.contains("Os {"), "{err}");
+    one_line_failure(&memsnap(args), code, needle);
 }
 
 #[test]

@@ -32,6 +32,31 @@ pub fn ok(args: &[&str]) -> String {
     stdout(&o)
 }
 
+/// Runs `memsnap ARGS --json` (asserting success) and parses its one JSON value.
+pub fn json(args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    serde_json::from_str(ok(&all).trim()).expect("memsnap printed one JSON value")
+}
+
+/// `memsnap report --json FILE EXTRA...`, parsed.
+pub fn report_json(file: impl AsRef<Path>, extra: &[&str]) -> serde_json::Value {
+    let file = file.as_ref().to_string_lossy().into_owned();
+    let mut args = vec!["report", file.as_str()];
+    args.extend_from_slice(extra);
+    json(&args)
+}
+
+/// Asserts a failure that is one stderr line containing `says`, exit code `code`, no panic
+/// and no Rust debug text.
+pub fn one_line_failure(o: &Output, code: i32, says: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(code), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.contains(says), "{err}");
+    assert!(!err.contains("panicked") && !err.contains("Os {"), "{err}");
+}
+
 /// The repository's own test data.
 pub fn testdata(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

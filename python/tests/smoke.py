@@ -30,6 +30,8 @@ def main():
 
     from_path = memsnap.report(SNAPSHOT)
     check(from_path["devices"][0]["peak_allocated_bytes"] == PRINTED_PEAK, "report(path) peak")
+    one = memsnap.report(SNAPSHOT, device=0)
+    check([d["device"] for d in one["devices"]] == [0], "report(path, device=0) is --device 0")
 
     with lzma.open(SNAPSHOT) as f:
         snapshot = pickle.load(f)

@@ -118,29 +118,6 @@ fn is_comm_text(t: &str) -> bool {
         || t == "send"
 }
 
-/// A frame of collective communication: NCCL and c10d symbols, `torch.distributed` Python
-/// code, DDP's gradient buckets.
-pub(crate) fn is_comm_frame(snap: &Snapshot, f: &crate::snapshot::Frame) -> bool {
-    let n = snap.str(f.name);
-    let file = snap.str(f.filename);
-    n.contains("all_to_all")
-        || n.contains("all_gather")
-        || n.contains("reduce_scatter")
-        || n.contains("batch_isend_irecv")
-        || n.contains("c10d::")
-        || n.contains("ProcessGroupNCCL")
-        || (f.line > 0 && file.contains("torch/distributed/"))
-        || is_ddp_bucket_frame(n, file)
-}
-
-/// DDP's gradient buckets: built by its reducer in the first forward (`_pre_forward` rebuilds
-/// them), or by the C++ reducer itself.
-fn is_ddp_bucket_frame(name: &str, file: &str) -> bool {
-    (file.ends_with("torch/nn/parallel/distributed.py")
-        && (name == "_pre_forward" || name.contains("bucket") || name.contains("reducer")))
-        || name.contains("c10d::Reducer")
-}
-
 /// Facts about label texts, computed once per text.
 struct NameFacts {
     comm: Vec<bool>,

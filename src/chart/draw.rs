@@ -367,17 +367,27 @@ where
     let colours = palette::assign(&p.series.groups);
     let (info, at_peak) =
         draw_panel(&plot_area, p, &colours, top_of(&[p]), true, scale).map_err(err)?;
-    // what is live at the peak, then what was large at other times
+    // what is live at the peak, then what was large at other times; the band of smaller
+    // groups last, named with how many it holds and how large it gets
+    let other = p.series.groups.len() - 1;
+    let other_name = p.series.other_name();
     let rows = |live: bool| {
-        (0..p.series.groups.len())
+        let mut rows: Vec<_> = (0..other)
             .rev()
             .filter(|&g| (at_peak[g] > 0) == live)
-            .filter(|&g| live || p.series.groups[g] != series::OTHER)
             .map(|g| {
                 let bytes = live.then_some(at_peak[g]);
                 (p.series.groups[g].as_str(), colours[g], bytes)
             })
-            .collect()
+            .collect();
+        if p.series.folded > 0 && (at_peak[other] > 0) == live {
+            rows.push((
+                other_name.as_str(),
+                colours[other],
+                live.then_some(at_peak[other]),
+            ));
+        }
+        rows
     };
     let sections = [
         LegendSection {
@@ -479,7 +489,14 @@ where
         rows: (0..groups.len())
             .rev()
             .filter(|&g| highest_at[g] > 0)
-            .map(|g| (groups[g].as_str(), colours[g], Some(highest_at[g])))
+            .map(|g| {
+                let name = if groups[g] == series::OTHER {
+                    "smaller groups"
+                } else {
+                    groups[g].as_str()
+                };
+                (name, colours[g], Some(highest_at[g]))
+            })
             .collect(),
     }];
     draw_legend(&legend_area, &sections, options, None).map_err(err)?;
@@ -507,9 +524,12 @@ fn draw_panel<DB: DrawingBackend>(
     let plot_height = area.dim_in_pixel().1 as f64 - 24.0 - 56.0 * scale;
     let text_room = (8.0 + text_lines * LINE * scale) / plot_height.max(1.0);
     let y_max = (top as f64 / GIB / (1.0 - text_room.min(0.6)) * 1.03).max(0.01);
-    let x_desc = match s.axis {
-        XAxis::Time => "seconds from the first recorded event",
-        XAxis::Events => "event",
+    let x_desc = match (s.axis, s.idle) {
+        (XAxis::Events, Some((idle, span))) => format!(
+            "event (no event for {idle:.1} s of the trace's {span:.1} s; --x time draws seconds)"
+        ),
+        (XAxis::Events, None) => "event".to_string(),
+        _ => "seconds from the first recorded event".to_string(),
     };
     let mut chart = ChartBuilder::on(area)
         .margin_left(16)
@@ -554,8 +574,8 @@ fn draw_panel<DB: DrawingBackend>(
         palette::RESERVED.stroke_width(2),
     ))?;
     draw_areas(&mut chart, s, colours)?;
-    draw_ooms(&mut chart, p, &lines, scale)?;
-    draw_peak(&mut chart, p, &lines, peak_labels, scale)?;
+    let peak_text = draw_peak(&mut chart, p, &lines, peak_labels, scale)?;
+    draw_ooms(&mut chart, p, &lines, peak_text, scale)?;
     let (peak_bytes, peak_x) = p.peak;
     let (xr, yr) = chart.plotting_area().get_pixel_range();
     let (peak_px, peak_py) = chart.backend_coord(&(peak_x, peak_bytes as f64 / GIB));
@@ -708,11 +728,20 @@ fn draw_ooms<DB: DrawingBackend>(
     chart: &mut Plot<DB>,
     p: &Panel,
     lines: &TextLines,
+    peak_text: PeakText,
     scale: f64,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     for &(x, requested) in &p.ooms {
+        // the line stops below the peak's label where it would cross it (an OOM often comes
+        // right after the peak)
+        let (from, to) = peak_text.x;
+        let top = if (from..=to).contains(&x) {
+            peak_text.bottom
+        } else {
+            lines.at(1.0)
+        };
         chart.draw_series(std::iter::once(PathElement::new(
-            vec![(x, 0.0), (x, lines.at(1.0))],
+            vec![(x, 0.0), (x, top)],
             palette::OOM.stroke_width(3),
         )))?;
         chart.draw_series(std::iter::once(Text::new(
@@ -727,6 +756,13 @@ fn draw_ooms<DB: DrawingBackend>(
     Ok(())
 }
 
+/// Where the peak's label went: the x range its text covers and the bottom of its lines.
+#[derive(Clone, Copy, Debug)]
+struct PeakText {
+    x: (f64, f64),
+    bottom: f64,
+}
+
 /// The peak: a dot, dashed from just above it up to its label, so the peak itself stays
 /// visible; the label says where it was and what it was made of.
 fn draw_peak<DB: DrawingBackend>(
@@ -735,7 +771,7 @@ fn draw_peak<DB: DrawingBackend>(
     lines: &TextLines,
     peak_labels: bool,
     scale: f64,
-) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+) -> Result<PeakText, DrawingAreaErrorKind<DB::ErrorType>> {
     let (peak_bytes, peak_x) = p.peak;
     let (x0, x1) = p.series.x_range;
     let peak_top = peak_bytes as f64 / GIB;
@@ -773,6 +809,20 @@ fn draw_peak<DB: DrawingBackend>(
     } else {
         shorten(&format!("peak {}", units::bytes(peak_bytes)), fits)
     };
+    // the text's extent, from the widest line's length (characters are about 10.5 pixels)
+    let mut widest = label.chars().count();
+    let made_of = shorten(&format!("made of {}", p.made_of), fits);
+    let two_lines = peak_labels && !p.made_of.is_empty();
+    if two_lines {
+        widest = widest.max(made_of.chars().count());
+    }
+    let plot_px = f64::from((xr.end - xr.start).max(1));
+    let width = widest as f64 * 10.5 * scale / plot_px * (x1 - x0);
+    let x = if right_half {
+        (peak_x - width, peak_x)
+    } else {
+        (peak_x, peak_x + width)
+    };
     chart.draw_series(std::iter::once(Text::new(
         label,
         (peak_x, lines.at(label_line)),
@@ -782,9 +832,9 @@ fn draw_peak<DB: DrawingBackend>(
             .color(&palette::PEAK)
             .pos(anchor),
     )))?;
-    if peak_labels && !p.made_of.is_empty() {
+    if two_lines {
         chart.draw_series(std::iter::once(Text::new(
-            shorten(&format!("made of {}", p.made_of), fits),
+            made_of,
             (peak_x, lines.at(label_line + 1.0)),
             font(17.0, scale)
                 .into_font()
@@ -792,7 +842,8 @@ fn draw_peak<DB: DrawingBackend>(
                 .pos(anchor),
         )))?;
     }
-    Ok(())
+    let bottom = lines.at(label_line + if two_lines { 2.0 } else { 1.0 });
+    Ok(PeakText { x, bottom })
 }
 
 /// The legend's entries: a heading, then one row per group (top band first).

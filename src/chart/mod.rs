@@ -42,7 +42,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             by: Dimension::Category,
-            x: XAxis::Time,
+            x: XAxis::Auto,
             width: 1600,
             height: 900,
             title: None,

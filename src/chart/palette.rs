@@ -14,7 +14,7 @@ pub fn category(label: &str) -> Option<RGBColor> {
         "temporary" => RGBColor(0xed, 0xc9, 0x48),
         "communication" => RGBColor(0x76, 0xb7, 0xb2),
         "unknown" => RGBColor(0xba, 0xb0, 0xac),
-        "other" => RGBColor(0xd9, 0xd9, 0xd9),
+        "other" | super::series::OTHER => RGBColor(0xd9, 0xd9, 0xd9),
         _ => return None,
     })
 }

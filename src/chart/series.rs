@@ -14,12 +14,19 @@ use crate::snapshot::{Action, StackId, TraceEvent};
 /// Horizontal axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum XAxis {
-    /// Seconds from the first event (event index when the trace has no times).
+    /// Seconds, unless one idle stretch (no events) takes more than half of the trace's time:
+    /// then the event index, so the work is not crammed into a sliver of the width.
     #[default]
+    Auto,
+    /// Seconds from the first event (event index when the trace has no times).
     Time,
     /// Event index.
     Events,
 }
+
+/// The share of the trace's time one stretch without events may take before
+/// [`XAxis::Auto`] draws event indices.
+const IDLE_SHARE: f64 = 0.5;
 
 /// One drawn column.
 #[derive(Clone, Debug, Default)]
@@ -37,16 +44,21 @@ pub struct Column {
 /// A downsampled, grouped timeline.
 #[derive(Clone, Debug)]
 pub struct Series {
-    /// Group names, bottom band first; the last may be `other`.
+    /// Group names, bottom band first; the last is [`OTHER`], the smaller groups together.
     pub groups: Vec<String>,
+    /// How many distinct labels the [`OTHER`] band holds.
+    pub folded: usize,
     /// Columns in x order.
     pub columns: Vec<Column>,
     /// x of every event (for markers).
     pub x_of_event: Vec<f64>,
     /// x at trace start and end.
     pub x_range: (f64, f64),
-    /// Axis unit.
+    /// Axis unit: [`XAxis::Time`] or [`XAxis::Events`].
     pub axis: XAxis,
+    /// With [`XAxis::Auto`] drawn as events: the longest idle stretch and the trace's span,
+    /// in seconds.
+    pub idle: Option<(f64, f64)>,
 }
 
 /// Builds the grouped series: the `max_groups` largest groups at the peak get their own band,
@@ -70,16 +82,26 @@ pub fn build(
         .collect();
     // group of each allocation, cached by label (and stack, for sites)
     let mut by_label: HashMap<(Label, u32), usize> = HashMap::new();
+    let mut folded: std::collections::HashSet<String> = Default::default();
     let mut group_of = |keyer: &mut Keyer, l: &Label, stack: StackId| -> usize {
         let key = (*l, if by == Dimension::Site { stack.0 } else { 0 });
         *by_label.entry(key).or_insert_with(|| {
-            index
-                .get(keyer.key(by, l, stack).as_str())
-                .copied()
-                .unwrap_or(other)
+            let name = keyer.key(by, l, stack);
+            match index.get(name.as_str()) {
+                Some(&g) => g,
+                None => {
+                    folded.insert(name);
+                    other
+                }
+            }
         })
     };
-    let (x_of_event, x_range, axis) = x_positions(events, replay, axis);
+    let Across {
+        x_of_event,
+        x_range,
+        axis,
+        idle,
+    } = x_positions(events, replay, axis);
 
     // running totals per group
     let mut totals = vec![0i128; groups.len()];
@@ -108,11 +130,13 @@ pub fn build(
         sweep.add(replay, i, x_of_event[i], &totals);
     }
     Series {
+        folded: folded.len(),
         groups,
         columns: sweep.finish(),
         x_of_event,
         x_range,
         axis,
+        idle,
     }
 }
 
@@ -147,16 +171,63 @@ fn choose_groups(
     groups
 }
 
-/// The name of the band that gathers the smaller groups.
-pub const OTHER: &str = "other";
+/// The key of the band that gathers the smaller groups: not a label any dimension gives (a
+/// phase or step may be called `other`), so a real group never lands in it.
+pub const OTHER: &str = "(smaller groups)";
 
-/// x of each event, the x range, and the axis actually used (events when there are no times).
-fn x_positions(
-    events: &[TraceEvent],
-    replay: &Replay,
+impl Series {
+    /// The largest the [`OTHER`] band is at any column.
+    pub fn other_max(&self) -> u64 {
+        let g = self.groups.len() - 1;
+        self.columns.iter().map(|c| c.groups[g]).max().unwrap_or(0)
+    }
+
+    /// The legend's name of the [`OTHER`] band: how many groups it holds and the most they
+    /// reach together, since the band can be large away from the peak.
+    pub fn other_name(&self) -> String {
+        // short: the legend keeps a long name's end, and the count must survive
+        format!(
+            "{} more, up to {}",
+            crate::units::count(self.folded as u64),
+            crate::units::bytes(self.other_max())
+        )
+    }
+}
+
+/// The longest stretch between two consecutive events' times and the trace's span, in
+/// microseconds (a clock going back counts no stretch).
+fn longest_idle(events: &[TraceEvent], replay: &Replay) -> (i64, i64) {
+    let (first, last) = replay.time_span_us;
+    let longest = events
+        .windows(2)
+        .filter(|w| w[0].time_us != 0 && w[1].time_us != 0)
+        .map(|w| w[1].time_us.saturating_sub(w[0].time_us))
+        .max()
+        .unwrap_or(0);
+    (longest.max(0), last.saturating_sub(first).max(0))
+}
+
+/// Where events go across: x of each event, the x range, the axis actually used (events when
+/// there are no times) and, when [`XAxis::Auto`] chose events, the idle stretch that made it
+/// (seconds, of the span).
+struct Across {
+    x_of_event: Vec<f64>,
+    x_range: (f64, f64),
     axis: XAxis,
-) -> (Vec<f64>, (f64, f64), XAxis) {
-    let has_time = replay.time_span_us.0 != 0 && axis == XAxis::Time;
+    idle: Option<(f64, f64)>,
+}
+
+/// The x positions of a trace's events on `axis`.
+fn x_positions(events: &[TraceEvent], replay: &Replay, axis: XAxis) -> Across {
+    let mut idle = None;
+    if axis == XAxis::Auto && replay.time_span_us.0 != 0 {
+        let (longest, span) = longest_idle(events, replay);
+        if span > 0 && longest as f64 > IDLE_SHARE * span as f64 {
+            idle = Some((longest as f64 / 1e6, span as f64 / 1e6));
+        }
+    }
+    let wants_time = matches!(axis, XAxis::Time) || (axis == XAxis::Auto && idle.is_none());
+    let has_time = replay.time_span_us.0 != 0 && wants_time;
     let x_of_event: Vec<f64> = events
         .iter()
         .enumerate()
@@ -170,7 +241,12 @@ fn x_positions(
         .collect();
     let x_range = (0.0, x_of_event.last().copied().unwrap_or(1.0).max(1e-9));
     let axis = if has_time { XAxis::Time } else { XAxis::Events };
-    (x_of_event, x_range, axis)
+    Across {
+        x_of_event,
+        x_range,
+        axis,
+        idle,
+    }
 }
 
 /// Where an allocation's bytes came from: an `alloc` event, or a block from before the trace.

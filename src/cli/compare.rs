@@ -288,7 +288,13 @@ pub fn run(args: CompareArgs) -> Result<(), Failure> {
                 return Err(memsnap::Error::new(summary, UsageError::MixedInputs.into()).into());
             }
         }
-        return summaries::run(&files, &args);
+        let shown = summaries::Shown {
+            json: args.json,
+            markdown: args.markdown,
+            top: args.top,
+            png: args.png.as_deref(),
+        };
+        return summaries::run(&files, &shown);
     }
     let pair_mode = files.len() == 2 && !any_dir;
     let mut tally = Tally::default();

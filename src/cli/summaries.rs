@@ -2,19 +2,30 @@
 //! `memsnap report --json` wrote where the snapshots live, without reading a pickle.
 
 use std::io::{self, BufRead, BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
 use memsnap::report::compare::{rank_from_name, Profile, Ranks};
 use memsnap::report::{json, text, FileReport};
 
-use super::compare::CompareArgs;
 use super::{Failure, Tally};
+
+/// How the comparison of summaries is shown (from `compare`'s options).
+pub struct Shown<'a> {
+    /// One JSON object instead of text.
+    pub json: bool,
+    /// Tables as Markdown.
+    pub markdown: bool,
+    /// Rows per breakdown table.
+    pub top: usize,
+    /// The chart of the peaks, if asked for.
+    pub png: Option<&'a Path>,
+}
 
 /// Reads every summary (in parallel), then prints the rank table, the spread of the peaks and
 /// why the highest peaks above the lowest.
-pub fn run(files: &[PathBuf], args: &CompareArgs) -> Result<(), Failure> {
+pub fn run(files: &[PathBuf], args: &Shown) -> Result<(), Failure> {
     let mut tally = Tally::default();
     let read: Vec<Result<Vec<FileReport>, memsnap::Error>> =
         files.par_iter().map(|f| read_summary(f)).collect();
@@ -52,7 +63,13 @@ pub fn run(files: &[PathBuf], args: &CompareArgs) -> Result<(), Failure> {
         })?;
     }
     out.flush()?;
-    if let Some(png) = &args.png {
+    if let Some(png) = args.png.filter(|_| ranks.peaks().is_empty()) {
+        // nothing to draw: a chart without one bar would look like a result
+        note!(
+            "memsnap: {}: not drawn, since no summary could be read",
+            super::shown(png)
+        );
+    } else if let Some(png) = args.png {
         let title = format!("peak allocated of {} ranks", ranks.peaks().len());
         super::timeline::draw_to(png, memsnap::output::Naming::Named, |at| {
             memsnap::chart::histogram(at, &ranks.peaks(), &title)
@@ -80,6 +97,12 @@ fn read_summary(path: &std::path::Path) -> Result<Vec<FileReport>, memsnap::Erro
             )))
         })?;
         out.push(report);
+    }
+    if out.is_empty() {
+        return Err(fail(memsnap::ErrorKind::NotASnapshot(
+            "holds no report summary (it is empty: `memsnap report --json` writes one line per snapshot)"
+                .into(),
+        )));
     }
     Ok(out)
 }

@@ -11,6 +11,8 @@ use super::{load, parse_dimension, Failure, InputArgs};
 /// Horizontal axis (`--x`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum XArg {
+    /// Seconds, or the event index when one idle stretch is most of the trace's time.
+    Auto,
     /// Seconds from the first event.
     Time,
     /// Event index.
@@ -31,7 +33,7 @@ pub struct TimelineArgs {
     #[arg(long, default_value = "category", value_parser = parse_dimension)]
     pub by: Dimension,
     /// Horizontal axis.
-    #[arg(long = "x", value_enum, default_value_t = XArg::Time)]
+    #[arg(long = "x", value_enum, default_value_t = XArg::Auto)]
     pub x: XArg,
     /// Image width in pixels (at least 600).
     #[arg(long, default_value_t = 1600)]
@@ -55,6 +57,7 @@ impl TimelineArgs {
         chart::Options {
             by: self.by,
             x: match self.x {
+                XArg::Auto => XAxis::Auto,
                 XArg::Time => XAxis::Time,
                 XArg::Events => XAxis::Events,
             },

@@ -14,13 +14,16 @@
 //! result. What the events *mean* over time is the replay stage's job.
 
 mod build;
+mod compact;
+mod load;
 #[cfg(unix)]
 mod split;
 mod stacks;
 
 use std::path::Path;
 
-pub use build::{flat_agrees, from_pickle, load, LoadOptions};
+pub use build::{flat_agrees, from_pickle};
+pub use load::{load, LoadOptions};
 #[cfg(unix)]
 pub use split::parts_agree;
 

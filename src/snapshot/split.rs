@@ -35,7 +35,8 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use rustc_hash::FxHashMap;
 
-use super::build::{assemble, everything, Deferral, EntryCompactor, DEFERRED, EVENT, FRAME, STACK};
+use super::build::{assemble, everything, from_pickle};
+use super::compact::{Deferral, EntryCompactor, PartLink, DEFERRED, EVENT, FRAME, STACK};
 use super::{Frame, FrameId, Snapshot, StackId, StrId, TraceEvent};
 use crate::pickle::scan::{self, Until};
 use crate::pickle::source::FileAt;
@@ -163,6 +164,34 @@ pub(crate) struct Link {
     /// The memo index of each string (by id), and whether it is exported.
     string_index: Vec<u64>,
     needed: Vec<bool>,
+}
+
+/// The threads decoding a file may use: `threads` ([`LoadOptions::threads`], 0 for one per
+/// core), at most one per core.
+pub(crate) fn usable_threads(threads: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match threads {
+        0 => cores,
+        n => n.min(cores),
+    }
+}
+
+impl PartLink for Link {
+    fn need(&mut self, heap: &Heap, s: StrId) {
+        Link::need(self, heap, s);
+    }
+
+    fn export(&mut self, heap: &Heap, stacks: &super::Stacks, index: u64, value: Value) {
+        Link::export(self, heap, stacks, index, value);
+    }
+
+    fn tick(&mut self) {
+        Link::tick(self);
+    }
+
+    fn import(&mut self, heap: &mut Heap, stacks: &mut super::Stacks, index: u64) -> Option<Value> {
+        Link::import(self, heap, stacks, index)
+    }
 }
 
 impl Drop for Link {
@@ -376,7 +405,7 @@ fn part_count(len: u64, limits: &Limits, threads: usize) -> usize {
     if len > limits.caps.max_size || len > MAX_SPLIT {
         return 1;
     }
-    let threads = super::build::usable_threads(threads);
+    let threads = usable_threads(threads);
     if threads < MIN_THREADS {
         return 1;
     }
@@ -478,7 +507,7 @@ fn decode_later_part(
         u64::MAX
     };
     let mut compactor = EntryCompactor::new();
-    compactor.link = Some(Link::new(board, k));
+    compactor.link = Some(Box::new(Link::new(board, k)));
     let limits = Limits {
         size_hint: len / (cuts.len() as u64 + 1),
         ..limits
@@ -509,7 +538,7 @@ fn decode_first_part(
     len: u64,
 ) -> Option<(Snapshot, usize)> {
     let mut compactor = EntryCompactor::new();
-    compactor.link = Some(Link::new(board, 0));
+    compactor.link = Some(Box::new(Link::new(board, 0)));
     board.update(|s| s.bases[0] = Some(0));
     let limits = Limits {
         size_hint: len,
@@ -572,7 +601,7 @@ pub fn parts_agree(path: &std::path::Path, parts: usize) -> Result<usize, String
         ..Limits::default()
     };
     let split = load_in(file, len, limits, Box::new(|_| {}), parts);
-    let whole = super::from_pickle(open()?, limits);
+    let whole = from_pickle(open()?, limits);
     match (split, whole) {
         (Some((a, taken)), Ok(b)) if everything(&a) == everything(&b) => Ok(taken),
         (Some(_), Ok(_)) => Err("the parts decode to another snapshot".into()),
