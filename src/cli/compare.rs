@@ -309,9 +309,11 @@ pub fn run(args: CompareArgs) -> Result<(), Failure> {
         if args.json {
             json::write_pair(&mut out, &pair)?;
         } else {
-            text::as_markdown(args.markdown, || {
-                text::compare::write_pair(&mut out, &pair, args.top)
-            })?;
+            text::compare::write_pair(
+                &mut text::Out::new(&mut out, args.markdown),
+                &pair,
+                args.top,
+            )?;
         }
         loaded
             .iter_mut()
@@ -330,9 +332,11 @@ pub fn run(args: CompareArgs) -> Result<(), Failure> {
         if args.json {
             json::write_ranks(&mut out, &ranks)?;
         } else {
-            text::as_markdown(args.markdown, || {
-                text::compare::write_ranks(&mut out, &ranks, args.top)
-            })?;
+            text::compare::write_ranks(
+                &mut text::Out::new(&mut out, args.markdown),
+                &ranks,
+                args.top,
+            )?;
         }
         panels
     };

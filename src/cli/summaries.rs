@@ -58,9 +58,11 @@ pub fn run(files: &[PathBuf], args: &Shown) -> Result<(), Failure> {
     if args.json {
         json::write_ranks(&mut out, &ranks)?;
     } else {
-        text::as_markdown(args.markdown, || {
-            text::compare::write_many(&mut out, &ranks, args.top)
-        })?;
+        text::compare::write_many(
+            &mut text::Out::new(&mut out, args.markdown),
+            &ranks,
+            args.top,
+        )?;
     }
     out.flush()?;
     if let Some(png) = args.png.filter(|_| ranks.peaks().is_empty()) {

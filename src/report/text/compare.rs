@@ -2,7 +2,7 @@
 
 use std::io::{self, Write};
 
-use super::{indented, prose, shorten_left, table};
+use super::{shorten_left, table, Out};
 use crate::analysis::PeakPlace;
 use crate::report::compare::{short_paths, Diff, Pair, RankRow, Ranks};
 use crate::units;
@@ -33,7 +33,7 @@ fn mostly(rows: &[Diff], n: usize) -> String {
 }
 
 fn write_diffs(
-    out: &mut dyn Write,
+    out: &mut Out,
     title: &str,
     a: &str,
     b: &str,
@@ -58,12 +58,12 @@ fn write_diffs(
         ]);
     }
     writeln!(out)?;
-    writeln!(out, "{}", indented(&t, "  "))
+    writeln!(out, "{}", out.table(&t, "  "))
 }
 
 /// Writes a two-snapshot comparison.
-pub fn write_pair(out: &mut dyn Write, pair: &Pair, top: usize) -> io::Result<()> {
-    if super::markdown() {
+pub fn write_pair(out: &mut Out, pair: &Pair, top: usize) -> io::Result<()> {
+    if out.markdown {
         let d = pair.peak_allocated_diff_bytes;
         if d == 0 {
             writeln!(
@@ -95,8 +95,8 @@ pub fn write_pair(out: &mut dyn Write, pair: &Pair, top: usize) -> io::Result<()
             _ => String::new(),
         };
         let line = format!("{column}: {} · device {}{rank}", side.file, side.device);
-        if super::markdown() {
-            prose(out, &line)?;
+        if out.markdown {
+            out.prose(&line)?;
         } else {
             writeln!(out, "{line}")?;
         }
@@ -115,10 +115,10 @@ pub fn write_pair(out: &mut dyn Write, pair: &Pair, top: usize) -> io::Result<()
         units::bytes(pair.b.peak_reserved_bytes),
         units::bytes_delta(pair.peak_reserved_diff_bytes as i128),
     ]);
-    writeln!(out, "{}", indented(&t, "  "))?;
+    writeln!(out, "{}", out.table(&t, "  "))?;
     writeln!(out)?;
-    prose(out, &format!("{a} peaks in {}", place(&pair.a.peak)))?;
-    prose(out, &format!("{b} peaks in {}", place(&pair.b.peak)))?;
+    out.prose(&format!("{a} peaks in {}", place(&pair.a.peak)))?;
+    out.prose(&format!("{b} peaks in {}", place(&pair.b.peak)))?;
     if let Some(stages) = pair.breakdown.get("stage") {
         let (more_b, more_a) = (mostly(stages, 3), {
             let flipped: Vec<Diff> = stages
@@ -131,10 +131,10 @@ pub fn write_pair(out: &mut dyn Write, pair: &Pair, top: usize) -> io::Result<()
             mostly(&flipped, 3)
         });
         if !more_b.is_empty() {
-            prose(out, &format!("{b} holds more of: {more_b}"))?;
+            out.prose(&format!("{b} holds more of: {more_b}"))?;
         }
         if !more_a.is_empty() {
-            prose(out, &format!("{a} holds more of: {more_a}"))?;
+            out.prose(&format!("{a} holds more of: {more_a}"))?;
         }
     }
     for (dim, title) in [
@@ -181,17 +181,17 @@ pub fn write_pair(out: &mut dyn Write, pair: &Pair, top: usize) -> io::Result<()
             ]);
         }
         writeln!(out)?;
-        writeln!(out, "{}", indented(&t, "  "))?;
+        writeln!(out, "{}", out.table(&t, "  "))?;
     }
     Ok(())
 }
 
 /// Writes the table of ranks and why the highest is higher.
-pub fn write_ranks(out: &mut dyn Write, ranks: &Ranks, top: usize) -> io::Result<()> {
+pub fn write_ranks(out: &mut Out, ranks: &Ranks, top: usize) -> io::Result<()> {
     // Files named alike but for their rank are named once, as a pattern, above the table.
     let pattern = common_pattern(ranks);
     if let Some(p) = &pattern {
-        prose(out, &format!("files: {p}"))?;
+        out.prose(&format!("files: {p}"))?;
         writeln!(out)?;
     }
     let mut header = vec![
@@ -221,7 +221,7 @@ pub fn write_ranks(out: &mut dyn Write, ranks: &Ranks, top: usize) -> io::Result
         }
         t.add_row(cells);
     }
-    writeln!(out, "{}", indented(&t, "  "))?;
+    writeln!(out, "{}", out.table(&t, "  "))?;
     if let (Some(why), Some(hi), Some(lo)) = (&ranks.why, ranks.highest, ranks.lowest) {
         // columns in the table's order
         if hi < lo {
@@ -311,7 +311,7 @@ fn row_cells(ranks: &Ranks, r: &RankRow, i: usize, file: &str) -> Vec<String> {
 }
 
 /// Why the highest rank peaks above the lowest, with the two in table order.
-fn write_why(out: &mut dyn Write, why: &Pair, top: usize) -> io::Result<()> {
+fn write_why(out: &mut Out, why: &Pair, top: usize) -> io::Result<()> {
     let b_higher = why.peak_allocated_diff_bytes >= 0;
     let (hi, lo) = if b_higher {
         (&why.b, &why.a)
@@ -319,17 +319,14 @@ fn write_why(out: &mut dyn Write, why: &Pair, top: usize) -> io::Result<()> {
         (&why.a, &why.b)
     };
     writeln!(out)?;
-    prose(
-        out,
-        &format!(
-            "why {} peaks {} above {}: at their peaks ({} vs {})",
-            hi.name,
-            units::bytes(why.peak_allocated_diff_bytes.unsigned_abs()),
-            lo.name,
-            place(&hi.peak),
-            place(&lo.peak)
-        ),
-    )?;
+    out.prose(&format!(
+        "why {} peaks {} above {}: at their peaks ({} vs {})",
+        hi.name,
+        units::bytes(why.peak_allocated_diff_bytes.unsigned_abs()),
+        lo.name,
+        place(&hi.peak),
+        place(&lo.peak)
+    ))?;
     if let Some(stages) = why.breakdown.get("stage") {
         let towards_hi: Vec<Diff> = stages
             .iter()
@@ -344,7 +341,7 @@ fn write_why(out: &mut dyn Write, why: &Pair, top: usize) -> io::Result<()> {
             .collect();
         let more = mostly(&towards_hi, 3);
         if !more.is_empty() {
-            prose(out, &format!("{} holds more of: {more}", hi.name))?;
+            out.prose(&format!("{} holds more of: {more}", hi.name))?;
         }
     }
     let (a, b) = (&why.a.name, &why.b.name);
@@ -374,7 +371,7 @@ const MAX_ROWS: usize = 40;
 /// Many ranks: the table (or, beyond 40 rows, its ten highest and ten lowest rows), the
 /// spread of the peaks, the pipeline ranks' spread across replicas, and why the highest rank
 /// peaks above the lowest.
-pub fn write_many(out: &mut dyn Write, ranks: &Ranks, top: usize) -> io::Result<()> {
+pub fn write_many(out: &mut Out, ranks: &Ranks, top: usize) -> io::Result<()> {
     let peaks = ranks.peaks();
     if ranks.rows.len() > MAX_ROWS {
         let mut order: Vec<usize> = (0..ranks.rows.len())
@@ -386,13 +383,10 @@ pub fn write_many(out: &mut dyn Write, ranks: &Ranks, top: usize) -> io::Result<
         keep.extend((0..ranks.rows.len()).filter(|&i| ranks.rows[i].error.is_some()));
         keep.sort_unstable();
         keep.dedup();
-        prose(
-            out,
-            &format!(
-                "{} ranks; the ten highest and the ten lowest peaks (--json for all):",
-                units::count(ranks.rows.len() as u64)
-            ),
-        )?;
+        out.prose(&format!(
+            "{} ranks; the ten highest and the ten lowest peaks (--json for all):",
+            units::count(ranks.rows.len() as u64)
+        ))?;
         writeln!(out)?;
         write_ranks(out, &ranks.subset(&keep), top)?;
     } else {
@@ -403,22 +397,19 @@ pub fn write_many(out: &mut dyn Write, ranks: &Ranks, top: usize) -> io::Result<
 }
 
 /// A text histogram of the peaks.
-fn write_spread(out: &mut dyn Write, peaks: &[u64]) -> io::Result<()> {
+fn write_spread(out: &mut Out, peaks: &[u64]) -> io::Result<()> {
     if peaks.len() < 3 {
         return Ok(());
     }
     let bins = crate::analysis::histogram(peaks, 10);
     let most = bins.iter().map(|b| b.2).max().unwrap_or(1).max(1);
     writeln!(out)?;
-    prose(
-        out,
-        &format!(
-            "peak allocated across {} ranks:",
-            units::count(peaks.len() as u64)
-        ),
-    )?;
+    out.prose(&format!(
+        "peak allocated across {} ranks:",
+        units::count(peaks.len() as u64)
+    ))?;
     // in Markdown the bars are a code block: aligned, and not run together
-    let markdown = super::markdown();
+    let markdown = out.markdown;
     if markdown {
         writeln!(out, "\n```text")?;
     }
@@ -440,7 +431,7 @@ fn write_spread(out: &mut dyn Write, peaks: &[u64]) -> io::Result<()> {
 
 /// Per pipeline rank (when shapes were found and more than one replica shares one): replicas,
 /// lowest and highest peak.
-fn write_pipeline_groups(out: &mut dyn Write, ranks: &Ranks) -> io::Result<()> {
+fn write_pipeline_groups(out: &mut Out, ranks: &Ranks) -> io::Result<()> {
     use std::collections::BTreeMap;
     let mut by: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     for r in &ranks.rows {
@@ -472,5 +463,5 @@ fn write_pipeline_groups(out: &mut dyn Write, ranks: &Ranks) -> io::Result<()> {
         ]);
     }
     writeln!(out)?;
-    writeln!(out, "{}", indented(&t, "  "))
+    writeln!(out, "{}", out.table(&t, "  "))
 }

@@ -33,24 +33,63 @@ impl Default for TextOptions {
     }
 }
 
-thread_local! {
-    /// Whether tables are rendered as Markdown: set for the duration of one rendering by
-    /// [`as_markdown`], read by [`indented`], so that every table of a view follows its mode
-    /// without each writer passing it down.
-    static MARKDOWN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+/// Where a view is written, and in which form: aligned text for a terminal, or GitHub-flavoured
+/// Markdown for a pull request. Every writer of a view takes one, so a view's tables and lines
+/// all follow its form.
+pub struct Out<'a> {
+    w: &'a mut dyn Write,
+    /// Tables as Markdown tables, lines of prose as list items.
+    pub markdown: bool,
 }
 
-/// Renders with `f`, tables as Markdown when `markdown` is set.
-pub fn as_markdown<T>(markdown: bool, f: impl FnOnce() -> T) -> T {
-    let before = MARKDOWN.with(|m| m.replace(markdown));
-    let out = f();
-    MARKDOWN.with(|m| m.set(before));
-    out
+impl<'a> Out<'a> {
+    /// Writes to `w`, as Markdown when `markdown` is set.
+    pub fn new(w: &'a mut dyn Write, markdown: bool) -> Out<'a> {
+        Out { w, markdown }
+    }
+
+    /// A line of prose between a view's tables: indented in text; in Markdown a list item,
+    /// since lines in a row would otherwise run together into one paragraph.
+    pub fn prose(&mut self, text: &str) -> io::Result<()> {
+        if self.markdown {
+            writeln!(self.w, "- {text}")
+        } else {
+            writeln!(self.w, "  {text}")
+        }
+    }
+
+    /// A rendered table: every line indented by `by` in text; a Markdown table otherwise.
+    pub fn table(&self, t: &Table, by: &str) -> String {
+        if self.markdown {
+            let mut md = t.clone();
+            md.load_style(comfy_table::presets::ASCII_MARKDOWN);
+            return md
+                .to_string()
+                .lines()
+                .map(str::trim_end)
+                .collect::<Vec<_>>()
+                .join("\n");
+        }
+        t.to_string()
+            .lines()
+            .map(|l| format!("{by}{}", l.trim_end()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
 }
 
-/// Whether the rendering in progress is Markdown.
-pub fn markdown() -> bool {
-    MARKDOWN.with(|m| m.get())
+impl Write for Out<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.w.write(buf)
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.w.write_all(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.w.flush()
+    }
 }
 
 const STYLE: TableStyle =
@@ -91,41 +130,12 @@ pub fn shorten_left(s: &str, max: usize) -> String {
     }
 }
 
-/// A line of prose between a view's tables: indented in text; in Markdown a list item, since
-/// lines in a row would otherwise run together into one paragraph.
-pub fn prose(out: &mut dyn Write, text: &str) -> io::Result<()> {
-    if markdown() {
-        writeln!(out, "- {text}")
-    } else {
-        writeln!(out, "  {text}")
-    }
-}
-
-/// Indents every line of a rendered table.
-pub fn indented(t: &Table, by: &str) -> String {
-    if markdown() {
-        let mut md = t.clone();
-        md.load_style(comfy_table::presets::ASCII_MARKDOWN);
-        return md
-            .to_string()
-            .lines()
-            .map(str::trim_end)
-            .collect::<Vec<_>>()
-            .join("\n");
-    }
-    t.to_string()
-        .lines()
-        .map(|l| format!("{by}{}", l.trim_end()))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// Writes the report of one file.
 pub fn write(out: &mut dyn Write, report: &FileReport, options: &TextOptions) -> io::Result<()> {
-    as_markdown(options.markdown, || write_file(out, report, options))
+    write_file(&mut Out::new(out, options.markdown), report, options)
 }
 
-fn write_file(out: &mut dyn Write, report: &FileReport, options: &TextOptions) -> io::Result<()> {
+fn write_file(out: &mut Out, report: &FileReport, options: &TextOptions) -> io::Result<()> {
     if report.devices.is_empty() {
         writeln!(out, "{}: no devices with events or segments", report.file)?;
     }
@@ -216,12 +226,12 @@ fn status_line(d: &DeviceReport) -> Vec<String> {
 }
 
 fn write_device(
-    out: &mut dyn Write,
+    out: &mut Out,
     report: &FileReport,
     d: &DeviceReport,
     options: &TextOptions,
 ) -> io::Result<()> {
-    if options.markdown {
+    if out.markdown {
         return write_markdown_device(out, report, d, options);
     }
     writeln!(out, "{} · device {}", report.file, d.device)?;
@@ -252,7 +262,7 @@ fn write_device(
         units::bytes(d.end_requested_bytes),
         units::bytes(d.end_reserved_bytes),
     ]);
-    writeln!(out, "{}", indented(&t, "  "))?;
+    writeln!(out, "{}", out.table(&t, "  "))?;
     writeln!(out)?;
     match d.peak_event_index {
         Some(i) => writeln!(
@@ -293,7 +303,7 @@ fn write_device(
 }
 
 pub(crate) fn write_shares(
-    out: &mut dyn Write,
+    out: &mut Out,
     title: &str,
     shares: &[Share],
     total: u64,
@@ -327,14 +337,10 @@ pub(crate) fn write_shares(
         ]);
     }
     writeln!(out)?;
-    writeln!(out, "{}", indented(&t, "  "))
+    writeln!(out, "{}", out.table(&t, "  "))
 }
 
-fn write_attribution(
-    out: &mut dyn Write,
-    d: &DeviceReport,
-    options: &TextOptions,
-) -> io::Result<()> {
+fn write_attribution(out: &mut Out, d: &DeviceReport, options: &TextOptions) -> io::Result<()> {
     let p = &d.peak;
     let mut place = vec![p.step.clone()];
     if !p.op.is_empty() && !p.step.ends_with(&p.op) {
@@ -453,7 +459,7 @@ fn write_attribution(
             t.add_row(cells);
         }
         writeln!(out)?;
-        writeln!(out, "{}", indented(&t, "  "))?;
+        writeln!(out, "{}", out.table(&t, "  "))?;
     }
     if !options.by.contains(&Dimension::Site) {
         write_shares(
@@ -469,7 +475,7 @@ fn write_attribution(
 
 /// A device's report as Markdown: a heading, the headline figures as a list, then the tables.
 fn write_markdown_device(
-    out: &mut dyn Write,
+    out: &mut Out,
     report: &FileReport,
     d: &DeviceReport,
     options: &TextOptions,
@@ -512,7 +518,7 @@ fn write_markdown_device(
 }
 
 /// `  WHAT: a 12 · b 3`, the non-zero counts; nothing when all are zero.
-fn write_counts(out: &mut dyn Write, what: &str, counts: &[(u64, &str)]) -> io::Result<()> {
+fn write_counts(out: &mut Out, what: &str, counts: &[(u64, &str)]) -> io::Result<()> {
     let parts: Vec<String> = counts
         .iter()
         .filter(|(n, _)| *n > 0)
@@ -522,4 +528,104 @@ fn write_counts(out: &mut dyn Write, what: &str, counts: &[(u64, &str)]) -> io::
         writeln!(out, "  {what}: {}", parts.join(" · "))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::{Action, Snapshot, StackId, StrId, TraceEvent};
+
+    fn event(action: Action, addr: u64, size: u64, time_us: i64) -> TraceEvent {
+        TraceEvent {
+            addr,
+            size,
+            time_us,
+            stream: 0,
+            stack: StackId::EMPTY,
+            compile_context: StrId(0),
+            user_metadata: StrId(0),
+            forward_frames: 0,
+            block_surplus: 0,
+            action,
+        }
+    }
+
+    /// A device that reserves one 2 MiB segment, allocates 512 B and 1 KiB, and frees the
+    /// first: peak 1.50 KiB, end 1.00 KiB.
+    fn small_report(snap: &mut Snapshot) -> FileReport {
+        let seg = 0x7f00_0000_0000;
+        snap.traces = vec![vec![
+            event(Action::SegmentAlloc, seg, 2 << 20, 1_000),
+            event(Action::Alloc, seg, 512, 1_010),
+            event(Action::Alloc, seg + 512, 1024, 1_020),
+            event(Action::FreeRequested, seg, 512, 1_030),
+            event(Action::FreeCompleted, seg, 512, 1_031),
+        ]];
+        let devices = crate::analysis::analyse(snap, &Default::default());
+        FileReport::new("small.pickle", snap, &devices)
+    }
+
+    fn rendered(report: &FileReport, markdown: bool) -> String {
+        let mut bytes = Vec::new();
+        let options = TextOptions {
+            markdown,
+            ..TextOptions::default()
+        };
+        write(&mut bytes, report, &options).unwrap();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn the_report_renders_its_figures_as_text_and_as_markdown() {
+        let mut snap = Snapshot::default();
+        let report = small_report(&mut snap);
+        let text = rendered(&report, false);
+        assert!(text.starts_with("small.pickle · device 0\n"), "{text}");
+        let peak = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("peak "))
+            .unwrap();
+        assert_eq!(
+            peak.split_whitespace().collect::<Vec<_>>(),
+            ["peak", "1.50", "KiB", "1.50", "KiB", "2.00", "MiB"],
+            "allocated, requested and reserved at the peak"
+        );
+        let end = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("end "))
+            .unwrap();
+        assert!(end.contains("1.00 KiB"), "{end}");
+        assert!(text.contains('─'), "text tables have a rule");
+        let md = rendered(&report, true);
+        assert!(!md.contains('─'), "Markdown tables have no box rule:\n{md}");
+        assert!(md.lines().any(|l| l.starts_with("|--")), "{md}");
+        assert!(md.contains("1.50 KiB"), "{md}");
+    }
+
+    #[test]
+    fn out_writes_prose_and_tables_in_its_form() {
+        let mut t = table(&["label", "bytes"]);
+        t.add_row(vec!["a".to_string(), "1 B".to_string()]);
+        let mut bytes = Vec::new();
+        let mut out = Out::new(&mut bytes, false);
+        out.prose("a line").unwrap();
+        let text = out.table(&t, "  ");
+        assert_eq!(String::from_utf8(bytes).unwrap(), "  a line\n");
+        assert!(text.lines().all(|l| l.starts_with("  ")), "{text}");
+        let mut bytes = Vec::new();
+        let mut out = Out::new(&mut bytes, true);
+        out.prose("a line").unwrap();
+        let md = out.table(&t, "  ");
+        assert_eq!(String::from_utf8(bytes).unwrap(), "- a line\n");
+        assert_eq!(md.lines().next(), Some("| label | bytes |"), "{md}");
+    }
+
+    #[test]
+    fn long_labels_keep_their_end_and_parts_wrap() {
+        assert_eq!(shorten_left("abcdef", 4), "…def");
+        assert_eq!(shorten_left("abc", 4), "abc");
+        let parts: Vec<String> = ["one", "two", "three"].map(String::from).to_vec();
+        assert_eq!(wrap_parts(&parts, 9), ["one · two", "three"]);
+        assert_eq!(wrap_parts(&parts, 100), ["one · two · three"]);
+    }
 }

@@ -4,7 +4,7 @@ use std::io::{self, Write};
 
 use comfy_table::CellAlignment;
 
-use super::{indented, table, write_shares, TextOptions};
+use super::{table, write_shares, Out, TextOptions};
 use crate::report::oom::{DeviceOom, OomExplanation, OomReport};
 use crate::report::whatif::{DeviceWhatIf, Scenario, WhatIfReport};
 use crate::simulate::{SelfCheck, SimOom};
@@ -12,6 +12,7 @@ use crate::units;
 
 /// Writes the what-if tables of one file.
 pub fn write_whatif(out: &mut dyn Write, r: &WhatIfReport) -> io::Result<()> {
+    let out = &mut Out::new(out, false);
     if r.devices.is_empty() {
         writeln!(
             out,
@@ -25,7 +26,7 @@ pub fn write_whatif(out: &mut dyn Write, r: &WhatIfReport) -> io::Result<()> {
     Ok(())
 }
 
-fn write_device(out: &mut dyn Write, file: &str, d: &DeviceWhatIf) -> io::Result<()> {
+fn write_device(out: &mut Out, file: &str, d: &DeviceWhatIf) -> io::Result<()> {
     writeln!(out, "{file} · device {}", d.device)?;
     let from = match d.recorded.settings_from {
         "snapshot" => "as the snapshot's allocator_settings say",
@@ -75,7 +76,7 @@ fn write_device(out: &mut dyn Write, file: &str, d: &DeviceWhatIf) -> io::Result
         t.add_row(scenario_row(s, with_min_cap));
     }
     writeln!(out)?;
-    writeln!(out, "{}", indented(&t, "  "))?;
+    writeln!(out, "{}", out.table(&t, "  "))?;
     if let Some(o) = &rec.oom {
         writeln!(
             out,
@@ -196,6 +197,7 @@ pub fn self_check_line(c: &SelfCheck) -> String {
 
 /// Writes `memsnap oom` for one file.
 pub fn write_oom(out: &mut dyn Write, r: &OomReport, options: &TextOptions) -> io::Result<()> {
+    let out = &mut Out::new(out, options.markdown);
     if r.devices.is_empty() {
         writeln!(
             out,
@@ -216,7 +218,7 @@ pub fn write_oom(out: &mut dyn Write, r: &OomReport, options: &TextOptions) -> i
 
 /// The failure's figures, verdict, what was live and the what-ifs.
 pub fn write_explanation(
-    out: &mut dyn Write,
+    out: &mut Out,
     e: &OomExplanation,
     options: &TextOptions,
 ) -> io::Result<()> {
@@ -314,7 +316,7 @@ pub fn write_explanation(
         ]);
     }
     writeln!(out)?;
-    writeln!(out, "{}", indented(&t, "  "))?;
+    writeln!(out, "{}", out.table(&t, "  "))?;
     for s in &e.whatif {
         if let Some(o) = &s.outcome.oom {
             writeln!(out, "  {}: {}", s.outcome.alloc_conf, failure_text(o))?;
