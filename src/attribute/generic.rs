@@ -365,35 +365,17 @@ pub(crate) fn label(
     // (event, chain, ordinal of each method), for events whose stage is a module path
     let mut marks: Vec<(usize, u32, Vec<u16>)> = Vec::new();
     let events = snap.trace(preview.device);
-    let ranges = annotation_ranges(snap, preview.device);
+    let mut ranges = Ranges::new(snap, preview.device);
     let mut cache = frames::PerStack::new(snap);
-    let mut active: Vec<(i64, i64, crate::snapshot::StrId)> = Vec::new();
-    let mut next_range = 0;
     let mut last_main_backward = false;
     let mut segment: u32 = 0;
     let mut last_phase: Option<Phase> = None;
-    let mut train_step: u16 = 0;
-    let mut first_step_number: Option<u32> = None;
-    let mut stepped_by_annotation = false;
+    let mut steps = AnnotatedSteps::default();
     let mut counts = PhaseSources::default();
-    let zero_grad_op = names.intern("zero_grad");
-    let recompute_op = names.intern("recompute");
-    let ops = [
-        names.intern("forward"),
-        names.intern("backward"),
-        names.intern("optimizer"),
-        names.intern("communication"),
-        names.intern("other"),
-    ];
+    let ops = OpNames::new(names);
     for (i, e) in events.iter().enumerate() {
-        // annotations active at this event
-        while next_range < ranges.len() && ranges[next_range].0 <= e.time_us {
-            active.push(ranges[next_range]);
-            next_range += 1;
-        }
-        active.retain(|r| r.1 >= e.time_us);
-        let innermost = active.last().map(|r| r.2);
-        if let Some(name) = innermost {
+        let active = ranges.at(e.time_us);
+        if let Some(name) = active.last().map(|r| r.2) {
             labels[i].annotation = names.intern(snap.str(name));
         }
         let step_from_annotation = active.iter().rev().find_map(|r| step_number(snap.str(r.2)));
@@ -407,55 +389,30 @@ pub(crate) fn label(
         let from_meta = (!meta.is_empty())
             .then(|| phase_of_annotation(meta))
             .flatten();
-        let annotated = active
-            .iter()
-            .rev()
-            .find_map(|r| phase_of_annotation(snap.str(r.2)));
-        let is_free = matches!(e.action, Action::FreeRequested | Action::FreeCompleted);
-        let zero_grad = f.zero_grad
-            || active
-                .iter()
-                .any(|r| snap.str(r.2).to_ascii_lowercase().contains("zero_grad"));
         let no_frames = snap.stacks.stack(e.stack).is_empty();
-        let autograd_thread = (no_frames || f.other_thread) && last_main_backward;
-        // An optimizer range holds whatever runs inside it (a closure's forward and backward):
-        // the innermost evidence wins over it.
-        // So does the stretch between a forward and its backward inside the range (the loss).
-        let inner = matches!(f.phase, Some(Phase::Forward | Phase::Backward))
-            || autograd_thread
-            || (f.phase.is_none() && last_phase == Some(Phase::Forward) && all);
-        let annotated = annotated.filter(|&p| !(p == Phase::Optimizer && inner));
-        let (phase, source) = if zero_grad {
-            // the most specific evidence: gradients dropped, whatever range it runs in
-            (Phase::Other, &mut counts.frames)
-        } else if let Some(p) = from_meta {
-            (p, &mut counts.metadata)
-        } else if let Some(p) = annotated {
-            (p, &mut counts.annotation)
-        } else if let Some(p) = f.phase {
-            (p, &mut counts.frames)
-        } else if autograd_thread {
-            (Phase::Backward, &mut counts.autograd_thread)
-        } else if f.other_thread && f.module {
-            (Phase::Forward, &mut counts.frames)
-        } else if let (true, Some(p)) = (is_free, last_phase) {
-            (p, &mut counts.continued)
-        } else if last_phase == Some(Phase::Forward) && !f.setup && !f.input && all {
-            // the loss and whatever else the program computes between the model's forward and
-            // its backward, outside any module
-            (Phase::Forward, &mut counts.continued)
-        } else {
-            (Phase::Other, &mut counts.none)
+        let evidence = Evidence {
+            zero_grad: f.zero_grad
+                || active
+                    .iter()
+                    .any(|r| snap.str(r.2).to_ascii_lowercase().contains("zero_grad")),
+            from_meta,
+            annotated: active
+                .iter()
+                .rev()
+                .find_map(|r| phase_of_annotation(snap.str(r.2))),
+            autograd_thread: (no_frames || f.other_thread) && last_main_backward,
+            is_free: matches!(e.action, Action::FreeRequested | Action::FreeCompleted),
+            last_phase,
+            all,
         };
-        *source += 1;
+        let (phase, source) = evidence.phase(&f);
+        *counts.of(source) += 1;
         if f.main_thread {
             last_main_backward = f.in_backward_call;
         }
         // training steps from `ProfilerStep#N` ranges; without them, from the phases below
         if let Some(n) = step_from_annotation {
-            let first = *first_step_number.get_or_insert(n);
-            train_step = n.saturating_sub(first) as u16;
-            stepped_by_annotation = true;
+            steps.at(n);
         }
         if last_phase != Some(phase) && (f.main_thread || last_phase.is_none()) {
             segment += 1;
@@ -463,21 +420,9 @@ pub(crate) fn label(
         }
         let l = &mut labels[i];
         l.phase = phase;
-        l.op = if zero_grad && phase == Phase::Other {
-            zero_grad_op
-        } else if f.recompute && phase == Phase::Backward {
-            recompute_op
-        } else {
-            ops[match phase {
-                Phase::Forward => 0,
-                Phase::Backward => 1,
-                Phase::Optimizer => 2,
-                Phase::Communication => 3,
-                Phase::Other => 4,
-            }]
-        };
+        l.op = ops.of(phase, evidence.zero_grad, f.recompute);
         if all {
-            l.train_step = train_step;
+            l.train_step = steps.current;
         }
         // PyTorch's own label, when the program set one that names no phase: a module's
         // name, as forward pre-hooks write them (`model.layers.3.mlp`)
@@ -490,33 +435,225 @@ pub(crate) fn label(
             f.stage
         };
         l.call = segment | (1 << 31);
-        l.hints = if f.setup { super::HINT_SETUP } else { 0 }
-            | if f.input { super::HINT_INPUT } else { 0 }
-            | if f.workspace {
-                super::HINT_WORKSPACE
-            } else {
-                0
-            };
+        l.hints = hints(&f);
         if f.chain != NO_CHAIN && e.action == Action::Alloc && !meta_stage {
             let ordinals = layers.step(&chains[f.chain as usize], segment);
             marks.push((i, f.chain, ordinals));
         }
         if l.detail == super::NameId::default() {
-            if let Some(node) = frames::autograd_node(snap, e.stack) {
-                l.detail = names.intern(&node);
-            } else {
-                // the compiled region (torch.compile with compile_context=True)
-                let context = snap.str(e.compile_context);
-                if !context.is_empty() && context != "N/A" {
-                    l.detail = names.intern(context);
-                }
-            }
+            l.detail = detail(snap, e, names);
         }
     }
-    if all && !stepped_by_annotation {
-        count_train_steps(labels, events, zero_grad_op);
+    if all && !steps.seen {
+        count_train_steps(labels, events, ops.zero_grad);
     }
-    // Layers of loops: the outermost method called from a loop gets its ordinal.
+    number_layers(labels, names, &chains, &layers, marks);
+    counts
+}
+
+/// The `record_function` ranges active as the trace goes on: events come in time order, so
+/// each range is opened once and dropped once it has ended.
+struct Ranges {
+    all: Vec<(i64, i64, crate::snapshot::StrId)>,
+    next: usize,
+    active: Vec<(i64, i64, crate::snapshot::StrId)>,
+}
+
+impl Ranges {
+    fn new(snap: &Snapshot, device: u32) -> Ranges {
+        Ranges {
+            all: annotation_ranges(snap, device),
+            next: 0,
+            active: Vec::new(),
+        }
+    }
+
+    /// The ranges active at `time_us`, outermost first.
+    fn at(&mut self, time_us: i64) -> &[(i64, i64, crate::snapshot::StrId)] {
+        while self.next < self.all.len() && self.all[self.next].0 <= time_us {
+            self.active.push(self.all[self.next]);
+            self.next += 1;
+        }
+        self.active.retain(|r| r.1 >= time_us);
+        &self.active
+    }
+}
+
+/// Training steps numbered by `ProfilerStep#N` ranges, from the first one seen.
+#[derive(Default)]
+struct AnnotatedSteps {
+    first: Option<u32>,
+    /// The step of the events so far.
+    current: u16,
+    /// Whether any range numbered a step (then the phases do not).
+    seen: bool,
+}
+
+impl AnnotatedSteps {
+    fn at(&mut self, n: u32) {
+        let first = *self.first.get_or_insert(n);
+        self.current = n.saturating_sub(first) as u16;
+        self.seen = true;
+    }
+}
+
+/// What an event shows of its phase, besides its stack's [`Facts`].
+struct Evidence {
+    /// `zero_grad()` on the stack or in a range.
+    zero_grad: bool,
+    /// The phase its memory metadata names.
+    from_meta: Option<Phase>,
+    /// The phase its innermost phase-named range names.
+    annotated: Option<Phase>,
+    /// Allocated on the autograd thread while the main thread was in `backward()`.
+    autograd_thread: bool,
+    is_free: bool,
+    /// The phase of the main thread's latest event.
+    last_phase: Option<Phase>,
+    /// Whether the whole trace is labelled here (no pipeline took part of it).
+    all: bool,
+}
+
+/// Where a phase came from, for [`PhaseSources`].
+#[derive(Clone, Copy)]
+enum Source {
+    Metadata,
+    Annotation,
+    Frames,
+    AutogradThread,
+    Continued,
+    None,
+}
+
+impl PhaseSources {
+    fn of(&mut self, source: Source) -> &mut u64 {
+        match source {
+            Source::Metadata => &mut self.metadata,
+            Source::Annotation => &mut self.annotation,
+            Source::Frames => &mut self.frames,
+            Source::AutogradThread => &mut self.autograd_thread,
+            Source::Continued => &mut self.continued,
+            Source::None => &mut self.none,
+        }
+    }
+}
+
+impl Evidence {
+    /// The phase, first evidence wins: `zero_grad()`, memory metadata, a range, the frames,
+    /// the autograd thread, a module call on another thread, a free continuing its phase, what
+    /// the program computes between a forward and its backward; else `other`.
+    fn phase(&self, f: &Facts) -> (Phase, Source) {
+        // An optimizer range holds whatever runs inside it (a closure's forward and backward):
+        // the innermost evidence wins over it. So does the stretch between a forward and its
+        // backward inside the range (the loss).
+        let inner = matches!(f.phase, Some(Phase::Forward | Phase::Backward))
+            || self.autograd_thread
+            || (f.phase.is_none() && self.last_phase == Some(Phase::Forward) && self.all);
+        let annotated = self
+            .annotated
+            .filter(|&p| !(p == Phase::Optimizer && inner));
+        if self.zero_grad {
+            // the most specific evidence: gradients dropped, whatever range it runs in
+            (Phase::Other, Source::Frames)
+        } else if let Some(p) = self.from_meta {
+            (p, Source::Metadata)
+        } else if let Some(p) = annotated {
+            (p, Source::Annotation)
+        } else if let Some(p) = f.phase {
+            (p, Source::Frames)
+        } else if self.autograd_thread {
+            (Phase::Backward, Source::AutogradThread)
+        } else if f.other_thread && f.module {
+            (Phase::Forward, Source::Frames)
+        } else if let (true, Some(p)) = (self.is_free, self.last_phase) {
+            (p, Source::Continued)
+        } else if self.last_phase == Some(Phase::Forward) && !f.setup && !f.input && self.all {
+            // the loss and whatever else the program computes between the model's forward and
+            // its backward, outside any module
+            (Phase::Forward, Source::Continued)
+        } else {
+            (Phase::Other, Source::None)
+        }
+    }
+}
+
+/// The op names a generic program's events get: their phase, `zero_grad` or `recompute`.
+struct OpNames {
+    phases: [super::NameId; 5],
+    zero_grad: super::NameId,
+    recompute: super::NameId,
+}
+
+impl OpNames {
+    fn new(names: &mut Names) -> OpNames {
+        OpNames {
+            zero_grad: names.intern("zero_grad"),
+            recompute: names.intern("recompute"),
+            phases: [
+                names.intern("forward"),
+                names.intern("backward"),
+                names.intern("optimizer"),
+                names.intern("communication"),
+                names.intern("other"),
+            ],
+        }
+    }
+
+    fn of(&self, phase: Phase, zero_grad: bool, recompute: bool) -> super::NameId {
+        if zero_grad && phase == Phase::Other {
+            self.zero_grad
+        } else if recompute && phase == Phase::Backward {
+            self.recompute
+        } else {
+            self.phases[match phase {
+                Phase::Forward => 0,
+                Phase::Backward => 1,
+                Phase::Optimizer => 2,
+                Phase::Communication => 3,
+                Phase::Other => 4,
+            }]
+        }
+    }
+}
+
+/// The category hints a stack gives: set-up code, batch loading, workspaces.
+fn hints(f: &Facts) -> u8 {
+    let mut hints = 0;
+    if f.setup {
+        hints |= super::HINT_SETUP;
+    }
+    if f.input {
+        hints |= super::HINT_INPUT;
+    }
+    if f.workspace {
+        hints |= super::HINT_WORKSPACE;
+    }
+    hints
+}
+
+/// An event's detail: its autograd node, or the compiled region it ran in (torch.compile
+/// with `compile_context=True`).
+fn detail(snap: &Snapshot, e: &TraceEvent, names: &mut Names) -> super::NameId {
+    if let Some(node) = frames::autograd_node(snap, e.stack) {
+        return names.intern(&node);
+    }
+    let context = snap.str(e.compile_context);
+    if !context.is_empty() && context != "N/A" {
+        names.intern(context)
+    } else {
+        super::NameId::default()
+    }
+}
+
+/// Layers of loops: the outermost method called from a loop gets its ordinal in the stage's
+/// text and as the label's layer.
+fn number_layers(
+    labels: &mut [Label],
+    names: &mut Names,
+    chains: &[modules::Chain],
+    layers: &modules::LayerCounter,
+    marks: Vec<(usize, u32, Vec<u16>)>,
+) {
     for (i, chain, ordinals) in marks {
         let c = &chains[chain as usize];
         let Some(d) = c
@@ -533,7 +670,6 @@ pub(crate) fn label(
             labels[i].layer = k;
         }
     }
-    counts
 }
 
 /// Numbers the training steps of a trace from its phases: a step starts with the first forward
