@@ -292,3 +292,173 @@ fn fuzzing_findings_stay_fixed() {
         }
     }
 }
+
+/// A trace entry in serde-pickle's terms.
+fn entry(action: &str, addr: i64, size: i64, time_us: i64) -> serde_pickle::Value {
+    use serde_pickle::value::{HashableValue as H, Value as V};
+    let mut e = std::collections::BTreeMap::new();
+    e.insert(H::String("action".into()), V::String(action.into()));
+    e.insert(H::String("addr".into()), V::I64(addr));
+    e.insert(H::String("size".into()), V::I64(size));
+    e.insert(H::String("stream".into()), V::I64(0));
+    e.insert(H::String("time_us".into()), V::I64(time_us));
+    e.insert(H::String("frames".into()), V::List(vec![]));
+    V::Dict(e)
+}
+
+/// A segment of one active 512-byte block on `device`.
+fn segment_on(device: i64) -> serde_pickle::Value {
+    use serde_pickle::value::{HashableValue as H, Value as V};
+    let dict = |pairs: Vec<(&str, V)>| {
+        V::Dict(
+            pairs
+                .into_iter()
+                .map(|(k, v)| (H::String(k.into()), v))
+                .collect(),
+        )
+    };
+    let base = 1i64 << 40;
+    dict(vec![
+        ("device", V::I64(device)),
+        ("address", V::I64(base)),
+        ("total_size", V::I64(2 << 20)),
+        ("stream", V::I64(0)),
+        ("segment_type", V::String("small".into())),
+        (
+            "blocks",
+            V::List(vec![
+                dict(vec![
+                    ("address", V::I64(base)),
+                    ("size", V::I64(512)),
+                    ("requested_size", V::I64(512)),
+                    ("state", V::String("active_allocated".into())),
+                ]),
+                dict(vec![
+                    ("address", V::I64(base + 512)),
+                    ("size", V::I64((2 << 20) - 512)),
+                    ("state", V::String("inactive".into())),
+                ]),
+            ]),
+        ),
+    ])
+}
+
+/// Values no recording holds are refused or named, never read as something else: a segment
+/// on device -1 or 2^40 is not device 0, and a time of -2^63 does not stretch the trace to
+/// 292,000 years.
+#[test]
+fn nonsense_is_refused_or_named_not_accepted() {
+    let dir = scratch();
+    for device in [-1i64, 1 << 40, 128] {
+        let f = write(
+            &dir,
+            "dev.pickle",
+            &snapshot_pickle(vec![segment_on(device)], vec![]),
+        );
+        let o = memsnap(&["report", &f]);
+        one_line_failure(&o, 1, "expected a CUDA device index (0 to 127)");
+        assert!(stderr(&o).contains(&format!("segments[0].device is {device}")));
+    }
+    // device 127 is a device
+    let f = write(
+        &dir,
+        "dev127.pickle",
+        &snapshot_pickle(vec![segment_on(127)], vec![]),
+    );
+    ok(&["report", &f]);
+    let t = 1_700_000_000_000_000i64;
+    let base = 1i64 << 40;
+    let trace = vec![
+        entry("segment_alloc", base, 2 << 20, t),
+        entry("alloc", base, 512, t + 10),
+        entry("free_requested", base, 512, i64::MIN),
+        entry("free_completed", base, 512, t + 2_000),
+    ];
+    let f = write(&dir, "time.pickle", &snapshot_pickle(vec![], trace));
+    let text = ok(&["report", &f]);
+    assert!(text.contains("4 events over 2 ms"), "{text}");
+    assert!(
+        text.contains("1 event with a time no clock gives"),
+        "{text}"
+    );
+    assert!(!text.contains("matches the snapshot exactly"), "{text}");
+    let d = &report_json(&f, &[])["devices"][0];
+    assert_eq!(d["duration_us"], 2_000);
+    assert_eq!(d["impossible_times"], 1);
+    assert_eq!(d["events_out_of_time_order"], 0);
+}
+
+/// A snapshot whose settings say `backend:cudaMallocAsync` was made by CUDA's own allocator:
+/// the simulation of the caching allocator refuses it instead of claiming to reproduce it,
+/// unless `--recorded-conf` names the settings to assume.
+#[test]
+fn a_cuda_malloc_async_recording_is_not_simulated() {
+    use serde_pickle::value::{HashableValue as H, Value as V};
+    let t = 1_700_000_000_000_000i64;
+    let base = 1i64 << 40;
+    let trace = vec![
+        entry("segment_alloc", base, 2 << 20, t),
+        entry("alloc", base, 512, t + 10),
+    ];
+    let plain = snapshot_pickle(vec![], trace);
+    let mut snap: V = serde_pickle::value_from_slice(&plain, Default::default()).unwrap();
+    if let V::Dict(d) = &mut snap {
+        let mut settings = std::collections::BTreeMap::new();
+        settings.insert(
+            H::String("PYTORCH_CUDA_ALLOC_CONF".into()),
+            V::String("backend:cudaMallocAsync".into()),
+        );
+        d.insert(H::String("allocator_settings".into()), V::Dict(settings));
+    }
+    let bytes = serde_pickle::value_to_vec(&snap, Default::default()).unwrap();
+    let dir = scratch();
+    let f = write(&dir, "async.pickle", &bytes);
+    let o = memsnap(&["whatif", &f, "--try", "expandable_segments:True"]);
+    one_line_failure(&o, 1, "recorded with backend:cudaMallocAsync");
+    let o = memsnap(&["oom", &f]);
+    one_line_failure(&o, 1, "recorded with backend:cudaMallocAsync");
+    // the report still reads it
+    ok(&["report", &f]);
+    // settings named by the user are simulated
+    ok(&[
+        "whatif",
+        &f,
+        "--recorded-conf",
+        "expandable_segments:False",
+        "--try",
+        "expandable_segments:True",
+    ]);
+}
+
+/// `--max-memory` holds after decoding too: analysis and tables are checked at their ends, so
+/// a cap the decoder passes still stops an export that needs more.
+#[test]
+fn the_memory_cap_holds_after_decoding() {
+    let file = testdata("snapshots/pipelines/pp8n16/memory_snapshot_rank0_pp8n16_step0.pickle.xz");
+    let file = file.to_string_lossy().into_owned();
+    let mut after_decoding = 0;
+    for mib in 6..=16 {
+        let dir = scratch();
+        let out = dir.path().join("t").to_string_lossy().into_owned();
+        let cap = format!("{mib}MiB");
+        let o = memsnap(&[
+            "export",
+            &file,
+            "--max-memory",
+            &cap,
+            "-o",
+            &out,
+            "--format",
+            "jsonl",
+        ]);
+        if o.status.success() {
+            continue;
+        }
+        one_line_failure(&o, 1, "(raise it with --max-memory)");
+        after_decoding += usize::from(stderr(&o).contains("after decoding"));
+    }
+    assert!(
+        after_decoding > 0,
+        "some cap passes the decoder and stops the export"
+    );
+}

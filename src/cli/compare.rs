@@ -188,6 +188,7 @@ fn load_one(
     let mut panels = Vec::new();
     for d in snap.devices_with_events() {
         let a = analysis::analyse_device(&snap, d, options);
+        super::within_memory(path)?;
         profiles.push(Profile::new(&file, rank, DeviceReport::new(&a)));
         if let Some(co) = chart_options {
             let title = match rank {

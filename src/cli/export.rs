@@ -79,8 +79,10 @@ pub fn run(args: ExportArgs) -> Result<(), Failure> {
         .iter()
         .map(|&d| memsnap::analysis::analyse_device(&snap, d, &options))
         .collect();
+    super::within_memory(&args.file)?;
     let mut written = Vec::new();
     let all = tables::tables(&analyses);
+    super::within_memory(&args.file)?;
     let path_of = |table: &Table| {
         args.output
             .join(format!("{}.{}", table.name, args.format.extension()))

@@ -79,6 +79,7 @@ pub fn run(args: FlamegraphArgs) -> Result<(), Failure> {
     let snap = load(&args.file)?;
     let device = super::device(&snap, args.device, &args.file)?;
     let a = memsnap::analysis::analyse_device(&snap, device, &options);
+    super::within_memory(&args.file)?;
     let at = args.at.event(&a).map_err(|m| {
         memsnap::Error::new(&args.file, UsageError::Moment(format!("--at: {m}")).into())
     })?;

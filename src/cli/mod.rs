@@ -374,7 +374,7 @@ fn command_of(args: &[String]) -> String {
 
 /// clap's error text as one line: `unexpected argument '--x' found (memsnap report --help
 /// lists the options)`. Its tips are left out: they suggest `-- --x`, which is rarely meant.
-fn one_line_usage(text: &str, args: &[String]) -> String {
+pub(crate) fn one_line_usage(text: &str, args: &[String]) -> String {
     // The first paragraph: "error: the following required arguments were not provided:" is
     // followed by the arguments, one per line.
     let first: Vec<&str> = text
@@ -492,6 +492,20 @@ fn complain(e: &memsnap::Error) {
 
 /// The memory and size caps of this run (`--max-memory`, `--max-size`).
 static CAPS: std::sync::OnceLock<memsnap::memory::Caps> = std::sync::OnceLock::new();
+
+/// Stops work on `file` once the process holds more than `--max-memory`. The decoder checks as
+/// it reads; the stages after it (analysis, tables, charts) are checked here at their ends, so
+/// a file can pass the cap by at most one stage's growth before it is refused.
+fn within_memory(file: &Path) -> Result<(), memsnap::Error> {
+    let max = CAPS.get().copied().unwrap_or_default().max_memory;
+    if memsnap::memory::process_bytes() > max {
+        return Err(memsnap::Error::new(
+            file,
+            memsnap::ErrorKind::MemoryLimit(max),
+        ));
+    }
+    Ok(())
+}
 
 /// Options for loading a snapshot under this run's caps, without a progress bar.
 fn load_options() -> memsnap::snapshot::LoadOptions {

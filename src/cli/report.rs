@@ -77,6 +77,10 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
                 }
             },
         };
+        if let Err(e) = super::within_memory(path) {
+            tally.complain(&e);
+            continue;
+        }
         let rep = FileReport::new(&name, &snap, &devices);
         if args.json {
             report::json::write(&mut out, &rep)?;

@@ -104,6 +104,7 @@ pub fn run(args: TimelineArgs) -> Result<(), Failure> {
     }
     for &d in &devices {
         let analysis = memsnap::analysis::analyse_device(&snap, d, &analysis_options);
+        super::within_memory(&args.file)?;
         let out = per_device(&args.output, d, several);
         draw_to(&out, naming, |at| {
             chart::timeline(at, &name, &analysis, &options)

@@ -85,6 +85,7 @@ pub fn run(args: TrimArgs) -> Result<(), Failure> {
     let snap = load(&args.file)?;
     let device = super::device(&snap, args.device, &args.file)?;
     let replay = memsnap::replay::replay(&snap, device, memsnap::replay::SizeModel::Allocator);
+    super::within_memory(&args.file)?;
     let (from, to) = window(&snap, &replay, &args)
         .map_err(|m| memsnap::Error::new(&args.file, UsageError::Moment(m).into()))?;
     let write_error = |e: std::io::Error| super::write_failed(&args.output, e);

@@ -156,22 +156,38 @@ pub struct OomArgs {
     pub input: InputArgs,
 }
 
-/// The devices of a file to simulate: those with events, or the one asked for.
+/// The devices of a file to simulate: those with events, or the one asked for. A file recorded
+/// with `backend:cudaMallocAsync` is refused unless `--recorded-conf` says otherwise: CUDA's own
+/// allocator keeps no segments to replay, and a "reproduced" run would be a false claim.
 fn devices<'s>(
     snap: &'s memsnap::snapshot::Snapshot,
     path: &Path,
     device: Option<u32>,
     options: &analysis::Options,
+    recorded_conf_given: bool,
 ) -> Result<Vec<DeviceAnalysis<'s>>, memsnap::Error> {
+    if !recorded_conf_given && snap.settings.as_ref().is_some_and(|s| s.async_backend()) {
+        return Err(memsnap::Error::new(
+            path,
+            memsnap::ErrorKind::Unsupported(
+                "recorded with backend:cudaMallocAsync, CUDA's own allocator, which has no \
+                 caching-allocator segments to simulate (--recorded-conf names the settings to \
+                 assume instead)"
+                    .into(),
+            ),
+        ));
+    }
     let devices = match device {
         Some(_) => super::devices(snap, device, path)?,
         // a file without events is explained by the text (memory history was not recorded)
         None => snap.devices_with_events().collect(),
     };
-    Ok(devices
+    let analyses = devices
         .into_iter()
         .map(|d| analysis::analyse_device(snap, d, options))
-        .collect())
+        .collect();
+    super::within_memory(path)?;
+    Ok(analyses)
 }
 
 /// Builds one result per file and writes it, as JSON or text; a file that cannot be read
@@ -213,7 +229,13 @@ pub fn run_whatif(args: WhatIfArgs) -> Result<(), Failure> {
     }
     let options = args.input.analysis()?;
     let build = |path: &Path, snap: &memsnap::snapshot::Snapshot| {
-        let analyses = devices(snap, path, args.limits.device, &options)?;
+        let analyses = devices(
+            snap,
+            path,
+            args.limits.device,
+            &options,
+            limits.recorded_conf.is_some(),
+        )?;
         let devices = analyses
             .iter()
             .map(|a| {
@@ -261,7 +283,13 @@ pub fn run_oom(args: OomArgs) -> Result<(), Failure> {
         recorded_conf: limits.recorded_conf.clone(),
     };
     let build = |path: &Path, snap: &memsnap::snapshot::Snapshot| {
-        let analyses = devices(snap, path, args.limits.device, &options)?;
+        let analyses = devices(
+            snap,
+            path,
+            args.limits.device,
+            &options,
+            limits.recorded_conf.is_some(),
+        )?;
         Ok(OomReport {
             file: path.display().to_string(),
             devices: analyses

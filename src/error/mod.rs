@@ -79,6 +79,17 @@ pub enum ErrorKind {
     /// No device of the file has what the command needs (trace events, an OOM).
     #[error("{0}")]
     NoDevice(String),
+    /// The memory held after decoding, by the analysis and the views, passed `--max-memory`
+    /// (the decoder checks as it reads: [`DecodeErrorKind::MemoryLimit`]).
+    #[error(
+        "memory use passed the limit of {} after decoding (raise it with --max-memory)",
+        crate::units::bytes(*.0)
+    )]
+    MemoryLimit(u64),
+    /// A snapshot this command cannot work on (the simulation of a file recorded with another
+    /// allocator).
+    #[error("{0}")]
+    Unsupported(String),
     /// An option value that does not fit this file or command.
     #[error("{0}")]
     Usage(UsageError),

@@ -76,6 +76,10 @@ pub struct DeviceReport {
     pub events_out_of_time_order: u64,
     /// Trace entries whose action memsnap does not know (passed over).
     pub unknown_actions: u64,
+    /// Trace entries whose time no clock gave (negative, or past the year 2255), read as
+    /// entries without a time.
+    #[serde(default)]
+    pub impossible_times: u64,
     /// Which stacks were recorded.
     pub stacks: StackKind,
     /// Every free in the trace has its allocation in the trace.
@@ -246,6 +250,11 @@ impl DeviceReport {
             duration_us: facts.span_us,
             events_out_of_time_order: facts.out_of_order,
             unknown_actions: facts.unknown_actions,
+            impossible_times: snap
+                .impossible_times
+                .get(r.device as usize)
+                .copied()
+                .unwrap_or(0),
             stacks: facts.stacks,
             trace_complete: r.history.complete,
             frees_without_alloc: r.history.frees_without_alloc,

@@ -139,11 +139,21 @@ impl Reader<'_> {
                 blocks.push(block);
             }
         }
+        let device = match self.int_field(d, "device", &ctx)? {
+            None => 0,
+            Some(i) => match u32::try_from(i) {
+                Ok(device) if device <= MAX_DEVICE => device,
+                _ => {
+                    return Err(FieldError::new(
+                        format!("{ctx}.device"),
+                        i.to_string(),
+                        "a CUDA device index (0 to 127)",
+                    ))
+                }
+            },
+        };
         Ok(Segment {
-            device: self
-                .int_field(d, "device", &ctx)?
-                .and_then(|i| u32::try_from(i).ok())
-                .unwrap_or(0),
+            device,
             address,
             total_size,
             stream: self
@@ -568,11 +578,38 @@ pub(crate) fn assemble(
         .flatten()
         .filter(|e| e.action == Action::Unknown)
         .count() as u64;
+    snap.impossible_times = snap
+        .traces
+        .iter_mut()
+        .map(|t| drop_impossible_times(t))
+        .collect();
     snap.forward_frames = std::mem::take(&mut compactor.forward_frames);
     snap.stacks = std::mem::take(&mut compactor.stacks);
     snap.stacks.freeze();
     snap.strings = decoded.heap.take_strings();
     Ok(snap)
+}
+
+/// The highest CUDA device index (PyTorch's `DeviceIndex` is a signed byte).
+pub const MAX_DEVICE: u32 = 127;
+
+/// The latest trace time taken as real: 2^53 µs after the epoch, in the year 2255. PyTorch
+/// records microseconds since the epoch, so a negative time or one past this is no moment.
+pub const MAX_TIME_US: i64 = 1 << 53;
+
+/// Sets the times no clock gave (negative, or past [`MAX_TIME_US`]) to 0, "no time", as an
+/// entry without `time_us` has, so no span, axis or window is stretched by them; returns how
+/// many there were.
+fn drop_impossible_times(events: &mut [TraceEvent]) -> u64 {
+    let mut dropped = 0;
+    for e in events
+        .iter_mut()
+        .filter(|e| !(0..=MAX_TIME_US).contains(&e.time_us))
+    {
+        e.time_us = 0;
+        dropped += 1;
+    }
+    dropped
 }
 
 /// Decodes a snapshot from an uncompressed pickle stream.

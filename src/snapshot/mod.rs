@@ -22,7 +22,7 @@ mod stacks;
 
 use std::path::Path;
 
-pub use build::{flat_agrees, from_pickle};
+pub use build::{flat_agrees, from_pickle, MAX_DEVICE, MAX_TIME_US};
 pub use load::{load, LoadOptions};
 #[cfg(unix)]
 pub use split::parts_agree;
@@ -229,6 +229,21 @@ pub struct AllocatorSettings {
     pub entries: Vec<(String, String)>,
 }
 
+impl AllocatorSettings {
+    /// Whether the recorded `PYTORCH_CUDA_ALLOC_CONF` chose `backend:cudaMallocAsync`, CUDA's
+    /// own allocator: it has no caching-allocator segments, so there is nothing to simulate.
+    pub fn async_backend(&self) -> bool {
+        let said = |key: &str, value: &str| {
+            key.trim() == "backend" && value.trim().trim_matches(['\'', '"']) == "cudaMallocAsync"
+        };
+        self.alloc_conf
+            .split(',')
+            .filter_map(|part| part.split_once(':'))
+            .any(|(k, v)| said(k, v))
+            || self.entries.iter().any(|(k, v)| said(k, v))
+    }
+}
+
 /// Where a snapshot came from and how it was encoded.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct SourceInfo {
@@ -253,6 +268,9 @@ pub struct Snapshot {
     pub segments: Vec<Segment>,
     /// Allocator trace per device; index = device ordinal.
     pub traces: Vec<Vec<TraceEvent>>,
+    /// Per device, the trace entries whose `time_us` no clock gave (negative, or centuries
+    /// ahead), read as entries without a time.
+    pub impossible_times: Vec<u64>,
     /// `record_function` marks, in recorded order.
     pub annotations: Vec<Annotation>,
     /// Allocator settings, when recorded.

@@ -183,7 +183,8 @@ fn status_line(d: &DeviceReport) -> Vec<String> {
             units::counted(d.frees_without_alloc, "free")
         )
     });
-    let odd = d.check.anomalies + d.unknown_actions + d.events_out_of_time_order;
+    let odd =
+        d.check.anomalies + d.unknown_actions + d.events_out_of_time_order + d.impossible_times;
     parts.push(if d.replay_consistent && odd == 0 {
         "replay matches the snapshot exactly".to_string()
     } else if d.replay_consistent {
@@ -220,6 +221,12 @@ fn status_line(d: &DeviceReport) -> Vec<String> {
         parts.push(format!(
             "{} earlier than the one before (clock went backwards)",
             units::counted(d.events_out_of_time_order, "event")
+        ));
+    }
+    if d.impossible_times > 0 {
+        parts.push(format!(
+            "{} with a time no clock gives (negative, or centuries ahead), read as untimed",
+            units::counted(d.impossible_times, "event")
         ));
     }
     parts
