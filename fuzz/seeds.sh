@@ -6,6 +6,7 @@
 # - small hostile constructions (memo, container, MARK and FRAME floods, huge length prefixes,
 #   shared segments and trace lists, sizes near 2^64);
 # - allocator settings strings and a rules file for the `settings` target;
+# - command lines (arguments separated by NUL bytes) for the `cli` target;
 # - for `flat`, the `decode` and `split` seeds together.
 # Usage: fuzz/seeds.sh [path to a memsnap binary]
 set -euo pipefail
@@ -63,6 +64,17 @@ printf 'max_split_size_mb:256,roundup_power2_divisions:[256:1,512:2,1024:4,>:8]'
 printf 'garbage_collection_threshold:0.6,max_split_size_mb:64' > "$out/settings/gc"
 printf '9.04GiB' > "$out/settings/size"
 cp examples/rules.toml "$out/settings/rules.toml"
+# command lines for `cli`: arguments separated by NUL bytes
+mkdir -p "$out/cli"
+printf 'report\0a.pickle\0--by\0step,op\0--top\x005\0--device\x000' > "$out/cli/report"
+printf 'timeline\0a.pickle\0-o\0t.png\0--width\x00700\0--x\0auto' > "$out/cli/timeline"
+printf 'whatif\0a.pickle\0--cap\x009.04GiB\0--try\0expandable_segments:True\0--min-cap' > "$out/cli/whatif"
+printf 'compare\0-r\0dir\0--markdown\0--png\0c.png' > "$out/cli/compare"
+printf 'oom\0a.pickle\0--cap-fraction\x000.5\0--json' > "$out/cli/oom"
+printf 'flamegraph\0a.pickle\0--at\0#12\0--root\0stage\0--folded' > "$out/cli/flamegraph"
+printf 'export\0a.pickle\0-o\0t/\0--format\0csv\0--device\x001' > "$out/cli/export"
+printf 'trim\0a.pickle\0--from\x001s\0--to\x002.5s\0-o\0b.pickle.xz' > "$out/cli/trim"
+printf -- '--max-memory\x008GiB\0--force\0completions\0bash' > "$out/cli/global"
 # the decode seeds again with frames of 256 B to 2 KiB instead of 64 KiB, so that inputs of a
 # few KiB already decode in parts (`split-small`, a faster run of the `split` target)
 mkdir -p "$out/split-small"

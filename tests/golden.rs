@@ -395,3 +395,55 @@ fn samples_are_found_with_their_output() {
     assert_eq!(found[0].output, "row\n\nrow 2\n");
     assert_eq!(indent_lines(&found[0].output, "  "), "  row\n\n  row 2\n");
 }
+
+/// The README's pictures are what the commands in their captions draw, byte for byte (the
+/// font is built in, so a chart is the same on every machine).
+#[test]
+fn the_example_pictures_are_what_the_commands_draw() {
+    let dir = tempfile::tempdir().unwrap();
+    let drawn = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    let peak = "testdata/snapshots/pithtrain-peak";
+    let rank0 = format!("{peak}/memory_snapshot_rank0_peak_step0.pickle.xz");
+    let rank1 = format!("{peak}/memory_snapshot_rank1_peak_step0.pickle.xz");
+    let runs: [(&str, Vec<String>); 2] = [
+        (
+            "timeline.png",
+            vec![
+                "timeline".into(),
+                rank0.clone(),
+                "-o".into(),
+                drawn("timeline.png"),
+                "--by".into(),
+                "step".into(),
+            ],
+        ),
+        (
+            "compare.png",
+            vec![
+                "compare".into(),
+                rank0,
+                rank1,
+                "--png".into(),
+                drawn("compare.png"),
+            ],
+        ),
+    ];
+    for (name, args) in runs {
+        let o = Command::new(env!("CARGO_BIN_EXE_memsnap"))
+            .args(&args)
+            .current_dir(root())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        let now = std::fs::read(drawn(name)).unwrap();
+        let pinned = root().join("examples").join(name);
+        if bless() {
+            std::fs::write(&pinned, &now).unwrap();
+            continue;
+        }
+        assert!(
+            std::fs::read(&pinned).unwrap() == now,
+            "examples/{name} is not what its command draws now (MEMSNAP_BLESS=1 cargo test golden redraws it)"
+        );
+    }
+}

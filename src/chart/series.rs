@@ -155,6 +155,8 @@ fn choose_groups(
     if replay.start.allocated > 0 || !replay.preexisting.is_empty() {
         groups.push(before.clone());
     }
+    // the largest at the peak first, then the largest at other times; what does not fit is
+    // the band of smaller groups, whose legend says how large it gets
     let at_peak = a.peak_shares(by).iter().map(|s| s.label.clone());
     for label in at_peak.chain(elsewhere) {
         if groups.len() >= max_groups {
@@ -347,17 +349,16 @@ fn largest_over_time(a: &DeviceAnalysis, keyer: &mut Keyer, by: Dimension) -> Ve
     let events = snap.trace(replay.device);
     let mut ids: HashMap<(Label, u32), usize> = HashMap::new();
     let mut names: Vec<String> = Vec::new();
+    // by name, so that many distinct labels of one name cost a lookup each, not a scan
+    let mut by_name: HashMap<String, usize> = HashMap::new();
     let mut id_of = |keyer: &mut Keyer, l: &Label, stack: StackId| -> usize {
         let key = (*l, if by == Dimension::Site { stack.0 } else { 0 });
         *ids.entry(key).or_insert_with(|| {
             let name = keyer.key(by, l, stack);
-            match names.iter().position(|n| *n == name) {
-                Some(i) => i,
-                None => {
-                    names.push(name);
-                    names.len() - 1
-                }
-            }
+            *by_name.entry(name.clone()).or_insert_with(|| {
+                names.push(name);
+                names.len() - 1
+            })
         })
     };
     let mut now: Vec<i128> = Vec::new();
