@@ -197,18 +197,7 @@ fn bad_chart_requests() {
 /// draws seconds.
 #[test]
 fn an_idle_start_is_drawn_by_event() {
-    use serde_pickle::value::{HashableValue as H, Value as V};
-    use std::collections::BTreeMap;
-    let event = |action: &str, addr: i64, size: i64, time: i64| {
-        let mut e = BTreeMap::new();
-        e.insert(H::String("action".into()), V::String(action.into()));
-        e.insert(H::String("addr".into()), V::I64(addr));
-        e.insert(H::String("size".into()), V::I64(size));
-        e.insert(H::String("stream".into()), V::I64(0));
-        e.insert(H::String("time_us".into()), V::I64(time));
-        e.insert(H::String("frames".into()), V::List(vec![]));
-        V::Dict(e)
-    };
+    let event = trace_entry;
     let base = 1i64 << 40;
     let t = 1_700_000_000_000_000i64;
     let mut trace = vec![event("segment_alloc", base, 64 << 20, t)];

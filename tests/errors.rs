@@ -205,18 +205,7 @@ fn damaged_and_concatenated_files_are_refused() {
 /// exactly": a free of a block never allocated, an unknown action, a clock going backwards.
 #[test]
 fn anomalies_are_counted_not_hidden() {
-    use serde_pickle::value::{HashableValue as H, Value as V};
-    use std::collections::BTreeMap;
-    let event = |action: &str, addr: i64, size: i64, time: i64| {
-        let mut e = BTreeMap::new();
-        e.insert(H::String("action".into()), V::String(action.into()));
-        e.insert(H::String("addr".into()), V::I64(addr));
-        e.insert(H::String("size".into()), V::I64(size));
-        e.insert(H::String("stream".into()), V::I64(0));
-        e.insert(H::String("time_us".into()), V::I64(time));
-        e.insert(H::String("frames".into()), V::List(vec![]));
-        V::Dict(e)
-    };
+    let event = trace_entry;
     let base = 1i64 << 40;
     let t = 1_700_000_000_000_000i64;
     let trace = vec![

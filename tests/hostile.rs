@@ -293,19 +293,6 @@ fn fuzzing_findings_stay_fixed() {
     }
 }
 
-/// A trace entry in serde-pickle's terms.
-fn entry(action: &str, addr: i64, size: i64, time_us: i64) -> serde_pickle::Value {
-    use serde_pickle::value::{HashableValue as H, Value as V};
-    let mut e = std::collections::BTreeMap::new();
-    e.insert(H::String("action".into()), V::String(action.into()));
-    e.insert(H::String("addr".into()), V::I64(addr));
-    e.insert(H::String("size".into()), V::I64(size));
-    e.insert(H::String("stream".into()), V::I64(0));
-    e.insert(H::String("time_us".into()), V::I64(time_us));
-    e.insert(H::String("frames".into()), V::List(vec![]));
-    V::Dict(e)
-}
-
 /// A segment of one active 512-byte block on `device`.
 fn segment_on(device: i64) -> serde_pickle::Value {
     use serde_pickle::value::{HashableValue as H, Value as V};
@@ -369,10 +356,10 @@ fn nonsense_is_refused_or_named_not_accepted() {
     let t = 1_700_000_000_000_000i64;
     let base = 1i64 << 40;
     let trace = vec![
-        entry("segment_alloc", base, 2 << 20, t),
-        entry("alloc", base, 512, t + 10),
-        entry("free_requested", base, 512, i64::MIN),
-        entry("free_completed", base, 512, t + 2_000),
+        trace_entry("segment_alloc", base, 2 << 20, t),
+        trace_entry("alloc", base, 512, t + 10),
+        trace_entry("free_requested", base, 512, i64::MIN),
+        trace_entry("free_completed", base, 512, t + 2_000),
     ];
     let f = write(&dir, "time.pickle", &snapshot_pickle(vec![], trace));
     let text = ok(&["report", &f]);
@@ -397,8 +384,8 @@ fn a_cuda_malloc_async_recording_is_not_simulated() {
     let t = 1_700_000_000_000_000i64;
     let base = 1i64 << 40;
     let trace = vec![
-        entry("segment_alloc", base, 2 << 20, t),
-        entry("alloc", base, 512, t + 10),
+        trace_entry("segment_alloc", base, 2 << 20, t),
+        trace_entry("alloc", base, 512, t + 10),
     ];
     let plain = snapshot_pickle(vec![], trace);
     let mut snap: V = serde_pickle::value_from_slice(&plain, Default::default()).unwrap();

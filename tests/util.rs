@@ -115,6 +115,19 @@ pub fn write(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> String {
     path.to_string_lossy().into_owned()
 }
 
+/// A trace entry without frames on stream 0, as PyTorch writes one.
+pub fn trace_entry(action: &str, addr: i64, size: i64, time_us: i64) -> serde_pickle::Value {
+    use serde_pickle::value::{HashableValue as H, Value as V};
+    let mut e = std::collections::BTreeMap::new();
+    e.insert(H::String("action".into()), V::String(action.into()));
+    e.insert(H::String("addr".into()), V::I64(addr));
+    e.insert(H::String("size".into()), V::I64(size));
+    e.insert(H::String("stream".into()), V::I64(0));
+    e.insert(H::String("time_us".into()), V::I64(time_us));
+    e.insert(H::String("frames".into()), V::List(vec![]));
+    V::Dict(e)
+}
+
 /// A snapshot pickle of these segments and one device's trace entries.
 pub fn snapshot_pickle(
     segments: Vec<serde_pickle::Value>,

@@ -6,18 +6,7 @@ use crate::snapshot::*;
 const MB: u64 = 1 << 20;
 
 fn ev(action: Action, addr: u64, size: u64) -> TraceEvent {
-    TraceEvent {
-        addr,
-        size,
-        time_us: 0,
-        stream: 0,
-        stack: StackId::EMPTY,
-        compile_context: StrId(0),
-        user_metadata: StrId(0),
-        forward_frames: 0,
-        block_surplus: 0,
-        action,
-    }
+    TraceEvent::bare(action, addr, size, 0)
 }
 
 fn segment(address: u64, total: u64, blocks: Vec<(u64, u64, BlockState)>) -> Segment {

@@ -127,6 +127,25 @@ pub struct TraceEvent {
     pub action: Action,
 }
 
+#[cfg(test)]
+impl TraceEvent {
+    /// An event without frames, metadata or stream, for unit tests.
+    pub(crate) fn bare(action: Action, addr: u64, size: u64, time_us: i64) -> TraceEvent {
+        TraceEvent {
+            addr,
+            size,
+            time_us,
+            stream: 0,
+            stack: StackId::EMPTY,
+            compile_context: StrId(0),
+            user_metadata: StrId(0),
+            forward_frames: 0,
+            block_surplus: 0,
+            action,
+        }
+    }
+}
+
 /// State of a block at snapshot time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -540,21 +540,10 @@ fn write_counts(out: &mut Out, what: &str, counts: &[(u64, &str)]) -> io::Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::{Action, Snapshot, StackId, StrId, TraceEvent};
+    use crate::snapshot::{Action, Snapshot, TraceEvent};
 
     fn event(action: Action, addr: u64, size: u64, time_us: i64) -> TraceEvent {
-        TraceEvent {
-            addr,
-            size,
-            time_us,
-            stream: 0,
-            stack: StackId::EMPTY,
-            compile_context: StrId(0),
-            user_metadata: StrId(0),
-            forward_frames: 0,
-            block_surplus: 0,
-            action,
-        }
+        TraceEvent::bare(action, addr, size, time_us)
     }
 
     /// A device that reserves one 2 MiB segment, allocates 512 B and 1 KiB, and frees the
