@@ -38,8 +38,9 @@ pub struct LimitArgs {
     pub json: bool,
 }
 
-/// The figures of `LimitArgs`: cap, device total, recorded settings.
+/// The figures of `LimitArgs`: the device, cap, device total, recorded settings.
 struct Limits {
+    device: Option<u32>,
     cap: Option<u64>,
     device_total: Option<u64>,
     recorded_conf: Option<AllocConf>,
@@ -81,6 +82,7 @@ impl LimitArgs {
         };
         Ok(Limits {
             cap,
+            device: self.device,
             device_total,
             recorded_conf,
         })
@@ -162,11 +164,11 @@ pub struct OomArgs {
 fn devices<'s>(
     snap: &'s memsnap::snapshot::Snapshot,
     path: &Path,
-    device: Option<u32>,
+    limits: &Limits,
     options: &analysis::Options,
-    recorded_conf_given: bool,
 ) -> Result<Vec<DeviceAnalysis<'s>>, memsnap::Error> {
-    if !recorded_conf_given && snap.settings.as_ref().is_some_and(|s| s.async_backend()) {
+    let device = limits.device;
+    if limits.recorded_conf.is_none() && snap.settings.as_ref().is_some_and(|s| s.async_backend()) {
         return Err(memsnap::Error::new(
             path,
             memsnap::ErrorKind::Unsupported(
@@ -229,13 +231,7 @@ pub fn run_whatif(args: WhatIfArgs) -> Result<(), Failure> {
     }
     let options = args.input.analysis()?;
     let build = |path: &Path, snap: &memsnap::snapshot::Snapshot| {
-        let analyses = devices(
-            snap,
-            path,
-            args.limits.device,
-            &options,
-            limits.recorded_conf.is_some(),
-        )?;
+        let analyses = devices(snap, path, &limits, &options)?;
         let devices = analyses
             .iter()
             .map(|a| {
@@ -283,13 +279,7 @@ pub fn run_oom(args: OomArgs) -> Result<(), Failure> {
         recorded_conf: limits.recorded_conf.clone(),
     };
     let build = |path: &Path, snap: &memsnap::snapshot::Snapshot| {
-        let analyses = devices(
-            snap,
-            path,
-            args.limits.device,
-            &options,
-            limits.recorded_conf.is_some(),
-        )?;
+        let analyses = devices(snap, path, &limits, &options)?;
         Ok(OomReport {
             file: path.display().to_string(),
             devices: analyses
