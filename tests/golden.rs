@@ -447,3 +447,49 @@ fn the_example_pictures_are_what_the_commands_draw() {
         );
     }
 }
+
+/// On every bundled snapshot, the step table never has two rows in a row with one name (they
+/// would be one row), and the peak's headline never says a part twice in a row
+/// (`LogSoftmaxBackward0 · LogSoftmaxBackward0`).
+#[test]
+fn step_rows_and_headlines_do_not_repeat_themselves() {
+    let mut files = Vec::new();
+    let mut folders = vec![root().join("testdata/snapshots")];
+    while let Some(dir) = folders.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.to_string_lossy().ends_with(".pickle.xz") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    assert!(files.len() > 30, "{} snapshots", files.len());
+    for file in &files {
+        let text = crate::util::ok(&["report", &file.to_string_lossy()]);
+        if let Some(line) = text.lines().find(|l| l.contains("the peak was reached in")) {
+            let parts: Vec<&str> = line.split(" · ").map(str::trim).collect();
+            assert!(
+                parts.windows(2).all(|w| w[0] != w[1]),
+                "{}: {line}",
+                file.display()
+            );
+        }
+        let v = crate::util::report_json(file, &[]);
+        for d in v["devices"].as_array().unwrap() {
+            let labels: Vec<&str> = d["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["label"].as_str().unwrap())
+                .collect();
+            assert!(
+                labels.windows(2).all(|w| w[0] != w[1]),
+                "{}: {labels:?}",
+                file.display()
+            );
+        }
+    }
+}
