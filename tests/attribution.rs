@@ -224,7 +224,7 @@ fn peak_breakdowns_add_up_to_the_peak() {
         testdata("snapshots/pithtrain-peak/memory_snapshot_rank0_peak_step0.pickle.xz"),
     ];
     if let Some(dir) = shared() {
-        files.extend(shared_snapshots(&dir));
+        files.extend(snapshots_under(&dir));
     }
     for f in files {
         for sizes in ["allocator", "rounded"] {

@@ -30,7 +30,7 @@ fn every_snapshot_gives_an_image_of_the_requested_size() {
         testdata("snapshots/pithtrain-fork/memory_snapshot_rank0_fork_step0.pickle.xz"),
     ];
     if let Some(dir) = shared() {
-        files.extend(shared_snapshots(&dir));
+        files.extend(snapshots_under(&dir));
     }
     let out = scratch();
     let mut drawn = 0;

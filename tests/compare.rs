@@ -105,7 +105,7 @@ fn a_folder_with_a_bad_file_reports_the_others() {
     let Some(dir) = shared() else { return };
     let tmp = scratch();
     let mut n = 0;
-    for f in shared_snapshots(&dir) {
+    for f in snapshots_under(&dir) {
         let name = f
             .strip_prefix(&dir)
             .unwrap()

@@ -242,7 +242,7 @@ fn an_output_folder_that_cannot_be_made_exits_2() {
 fn every_shared_snapshot_exports_its_report_figures() {
     let Some(shared_dir) = shared() else { return };
     let dir = scratch();
-    for (n, file) in shared_snapshots(&shared_dir).into_iter().enumerate() {
+    for (n, file) in snapshots_under(&shared_dir).into_iter().enumerate() {
         let name = file.to_string_lossy().into_owned();
         let out = dir.path().join(format!("t{n}"));
         ok(&[

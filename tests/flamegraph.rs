@@ -17,7 +17,7 @@ fn folded_stacks_add_up_to_allocated_memory() {
         testdata("snapshots/pithtrain-peak/memory_snapshot_rank1_peak_step0.pickle.xz"),
     ];
     if let Some(dir) = shared() {
-        files.extend(shared_snapshots(&dir));
+        files.extend(snapshots_under(&dir));
     }
     let mut checked = 0;
     for f in files {

@@ -453,19 +453,7 @@ fn the_example_pictures_are_what_the_commands_draw() {
 /// (`LogSoftmaxBackward0 · LogSoftmaxBackward0`).
 #[test]
 fn step_rows_and_headlines_do_not_repeat_themselves() {
-    let mut files = Vec::new();
-    let mut folders = vec![root().join("testdata/snapshots")];
-    while let Some(dir) = folders.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                folders.push(path);
-            } else if path.to_string_lossy().ends_with(".pickle.xz") {
-                files.push(path);
-            }
-        }
-    }
-    files.sort();
+    let files = crate::util::snapshots_under(&root().join("testdata/snapshots"));
     assert!(files.len() > 30, "{} snapshots", files.len());
     for file in &files {
         let text = crate::util::ok(&["report", &file.to_string_lossy()]);

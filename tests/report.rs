@@ -77,7 +77,7 @@ fn report_json(path: &str, extra: &[&str]) -> FileJson {
 #[test]
 fn every_shared_snapshot_decodes_and_replays_exactly() {
     let Some(dir) = shared() else { return };
-    let files = shared_snapshots(&dir);
+    let files = snapshots_under(&dir);
     assert!(
         files.len() >= 30,
         "expected the shared snapshots, found {}",

@@ -64,7 +64,7 @@ fn self_check_is_exact_on_every_recorded_run() {
         );
     }
     if let Some(dir) = shared() {
-        for f in shared_snapshots(&dir) {
+        for f in snapshots_under(&dir) {
             let name = f.to_string_lossy().into_owned();
             // CUDA graphs: private pools carry no pool id in the trace
             if !name.ends_with("graph.pickle") {

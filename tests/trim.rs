@@ -125,7 +125,7 @@ fn trims_every_shared_snapshot_around_its_peak() {
     let Some(dir) = shared() else { return };
     let scratch = scratch();
     let out = scratch.path().join("t.pickle");
-    for file in shared_snapshots(&dir) {
+    for file in snapshots_under(&dir) {
         let name = file.to_string_lossy().into_owned();
         let all = report_json(&name, &[]);
         for d in all["devices"].as_array().unwrap() {

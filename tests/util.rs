@@ -85,8 +85,8 @@ pub fn shared() -> Option<PathBuf> {
     None
 }
 
-/// Every snapshot file under the shared folder (`.pickle` and `.pickle.xz`).
-pub fn shared_snapshots(dir: &Path) -> Vec<PathBuf> {
+/// Every snapshot file (`.pickle`, `.pickle.xz`) under `dir`, a test data or shared folder, sorted.
+pub fn snapshots_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {

@@ -65,18 +65,21 @@ pub fn run(files: &[PathBuf], args: &Shown) -> Result<(), Failure> {
         )?;
     }
     out.flush()?;
-    if let Some(png) = args.png.filter(|_| ranks.peaks().is_empty()) {
-        // nothing to draw: a chart without one bar would look like a result
-        note!(
-            "memsnap: {}: not drawn, since no summary could be read",
-            super::shown(png)
-        );
-    } else if let Some(png) = args.png {
-        let title = format!("peak allocated of {} ranks", ranks.peaks().len());
-        super::timeline::draw_to(png, memsnap::output::Naming::Named, |at| {
-            memsnap::chart::histogram(at, &ranks.peaks(), &title)
-        })?;
-        note!("memsnap: wrote {}", super::shown(png));
+    if let Some(png) = args.png {
+        let peaks = ranks.peaks();
+        if peaks.is_empty() {
+            // nothing to draw: a chart without one bar would look like a result
+            note!(
+                "memsnap: {}: not drawn, since no summary could be read",
+                super::shown(png)
+            );
+        } else {
+            let title = format!("peak allocated of {} ranks", peaks.len());
+            super::timeline::draw_to(png, memsnap::output::Naming::Named, |at| {
+                memsnap::chart::histogram(at, &peaks, &title)
+            })?;
+            note!("memsnap: wrote {}", super::shown(png));
+        }
     }
     tally.finish()
 }
