@@ -9,6 +9,7 @@ mod flamegraph;
 mod golden;
 mod hostile;
 mod outputs;
+mod predict;
 mod programs;
 mod real_world;
 mod report;

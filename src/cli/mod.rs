@@ -435,10 +435,17 @@ fn note_inputs(command: &Command) {
             a.inputs.iter().map(|p| p.as_path()).collect(),
             Some(&a.input),
         ),
-        Command::Whatif(a) => (
-            a.files.iter().map(|p| p.as_path()).collect(),
-            Some(&a.input),
-        ),
+        Command::Whatif(a) => {
+            for s in &a.scale {
+                if let Ok((path, _)) = whatif::scale_arg(s) {
+                    note_input(&path);
+                }
+            }
+            (
+                a.files.iter().map(|p| p.as_path()).collect(),
+                Some(&a.input),
+            )
+        }
         Command::Oom(a) => (
             a.files.iter().map(|p| p.as_path()).collect(),
             Some(&a.input),

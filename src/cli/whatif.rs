@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 
 use memsnap::analysis::{self, DeviceAnalysis};
 use memsnap::report::oom::{self, DeviceOom, OomOptions, OomReport};
-use memsnap::report::whatif::{self, DeviceWhatIf, WhatIfOptions, WhatIfReport};
+use memsnap::report::whatif::{
+    self, DeviceWhatIf, ScaleReport, ScaleSample, WhatIfOptions, WhatIfReport,
+};
 use memsnap::report::{json, text};
 use memsnap::simulate::{parse_size, AllocConf};
 
@@ -118,12 +120,22 @@ fn parse_conf(flag: &'static str, text: &str) -> Result<AllocConf, Failure> {
 /// Arguments of `memsnap whatif`.
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Example:\n  memsnap whatif rank0.pickle.xz --cap 9.04GiB --try expandable_segments:True --try max_split_size_mb:256 --min-cap"
+    after_help = "Examples:\n  memsnap whatif rank0.pickle.xz --cap 9.04GiB --try expandable_segments:True --try max_split_size_mb:256 --min-cap\n  memsnap whatif --scale b16.pickle.xz=16 b32.pickle.xz=32 --to 64 128 --cap 40GiB"
 )]
 pub struct WhatIfArgs {
     /// Snapshot files (`-` reads standard input).
-    #[arg(required = true)]
+    #[arg(required_unless_present = "scale", conflicts_with = "scale")]
     pub files: Vec<PathBuf>,
+    /// Snapshots of one program at other sizes, each FILE=SIZE (the one size that differs:
+    /// batch, sequence length, micro-batches); predicts the program at the sizes of --to.
+    #[arg(long, num_args = 1.., value_name = "FILE=SIZE", requires = "to")]
+    pub scale: Vec<String>,
+    /// The sizes to predict with --scale.
+    #[arg(long, num_args = 1.., value_name = "SIZE", requires = "scale")]
+    pub to: Vec<u64>,
+    /// Markdown instead of text (a pull-request comment).
+    #[arg(long, conflicts_with = "json")]
+    pub markdown: bool,
     /// Allocator settings to simulate (a PYTORCH_CUDA_ALLOC_CONF string); default: the
     /// recorded ones.
     #[arg(long, value_name = "CONF")]
@@ -213,6 +225,9 @@ fn each_file<R>(
 }
 
 pub fn run_whatif(args: WhatIfArgs) -> Result<(), Failure> {
+    if !args.scale.is_empty() {
+        return run_scale(args);
+    }
     let limits = args.limits.limits()?;
     let asked = args.tries.len() + usize::from(args.alloc_conf.is_some());
     if asked > MAX_CONFS {
@@ -257,13 +272,145 @@ pub fn run_whatif(args: WhatIfArgs) -> Result<(), Failure> {
         })
     };
     let json_out = args.limits.json;
+    let markdown = args.markdown;
     each_file(&args.files, build, |out, r| {
         if json_out {
             json::write_whatif(out, r)
         } else {
-            text::whatif::write_whatif(out, r)
+            text::whatif::write_whatif(out, r, markdown)
         }
     })
+}
+
+/// The most snapshots `--scale` reads.
+const MAX_SCALE_FILES: usize = 16;
+/// The most sizes `--to` predicts.
+const MAX_TARGETS: usize = 64;
+
+/// `FILE=SIZE` of `--scale`, split at the last `=`.
+pub fn scale_arg(text: &str) -> Result<(PathBuf, u64), Failure> {
+    let bad = |reason: &str| {
+        Failure::Usage(UsageError::BadValue {
+            option: "--scale",
+            value: text.to_string(),
+            reason: reason.to_string(),
+        })
+    };
+    let (file, size) = text
+        .rsplit_once('=')
+        .ok_or_else(|| bad("give each snapshot as FILE=SIZE, e.g. b32.pickle.xz=32"))?;
+    let size: u64 = size
+        .parse()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| bad("the size after = is a whole number above 0"))?;
+    if file.is_empty() {
+        return Err(bad("the file before = is missing"));
+    }
+    Ok((PathBuf::from(file), size))
+}
+
+/// `memsnap whatif --scale`: the program of the snapshots given, predicted at other sizes.
+fn run_scale(args: WhatIfArgs) -> Result<(), Failure> {
+    let limits = args.limits.limits()?;
+    let too_many = |option: &'static str, given: usize, most: usize| {
+        Failure::Usage(UsageError::TooMany {
+            option,
+            given,
+            most,
+        })
+    };
+    if args.scale.len() > MAX_SCALE_FILES {
+        return Err(too_many("--scale", args.scale.len(), MAX_SCALE_FILES));
+    }
+    if args.to.len() > MAX_TARGETS {
+        return Err(too_many("--to", args.to.len(), MAX_TARGETS));
+    }
+    if let Some(&zero) = args.to.iter().find(|&&t| t == 0) {
+        return Err(Failure::Usage(UsageError::BadValue {
+            option: "--to",
+            value: zero.to_string(),
+            reason: "a size is a whole number above 0".into(),
+        }));
+    }
+    let inputs = args
+        .scale
+        .iter()
+        .map(|s| scale_arg(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    for (i, (_, size)) in inputs.iter().enumerate() {
+        if inputs[..i].iter().any(|(_, s)| s == size) {
+            return Err(Failure::Usage(UsageError::BadValue {
+                option: "--scale",
+                value: args.scale[i].clone(),
+                reason: format!("two snapshots at size {size}: each size once"),
+            }));
+        }
+    }
+    let mut confs = Vec::new();
+    if let Some(c) = &args.alloc_conf {
+        confs.push(parse_conf("--alloc-conf", c)?);
+    }
+    for t in &args.tries {
+        confs.push(parse_conf("--try", t)?);
+    }
+    if confs.len() > MAX_CONFS {
+        return Err(too_many("--try", confs.len(), MAX_CONFS));
+    }
+    let options = args.input.analysis()?;
+    let snaps = inputs
+        .iter()
+        .map(|(path, _)| load(path))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut analyses = Vec::new();
+    for ((path, _), snap) in inputs.iter().zip(&snaps) {
+        let mut devices = devices(snap, path, &limits, &options)?;
+        if devices.is_empty() {
+            return Err(Failure::Error(memsnap::Error::new(
+                path,
+                memsnap::ErrorKind::Unsupported(
+                    "no device has trace events (memory history was not recorded)".into(),
+                ),
+            )));
+        }
+        analyses.push(devices.swap_remove(0));
+    }
+    let samples: Vec<ScaleSample> = inputs
+        .iter()
+        .zip(&analyses)
+        .map(|((path, size), a)| ScaleSample {
+            file: path.display().to_string(),
+            size: *size,
+            analysis: a,
+        })
+        .collect();
+    let recorded = whatif::recorded_conf(&analyses[0], limits.recorded_conf.as_ref()).0;
+    if args.alloc_conf.is_none() && !confs.is_empty() {
+        confs.insert(0, recorded);
+    }
+    let what = WhatIfOptions {
+        confs,
+        cap: limits.cap,
+        device_total: limits.device_total,
+        recorded_conf: limits.recorded_conf.clone(),
+        min_cap: args.min_cap,
+    };
+    let report = ScaleReport::new(&samples, &args.to, &what).map_err(|e| {
+        Failure::Usage(UsageError::BadValue {
+            option: "--scale",
+            value: args.scale.join(" "),
+            reason: e.to_string(),
+        })
+    })?;
+    let stdout = io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    if args.limits.json {
+        json::write_scale(&mut out, &report)?;
+    } else {
+        text::whatif::write_scale(&mut out, &report, args.markdown)?;
+    }
+    out.flush()?;
+    Ok(())
 }
 
 pub fn run_oom(args: OomArgs) -> Result<(), Failure> {

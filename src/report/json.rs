@@ -61,6 +61,11 @@ pub fn write_whatif(out: &mut dyn Write, report: &super::whatif::WhatIfReport) -
     line(out, &value)
 }
 
+/// Writes `memsnap whatif --scale` as a single JSON line.
+pub fn write_scale(out: &mut dyn Write, report: &super::whatif::ScaleReport) -> io::Result<()> {
+    line(out, report)
+}
+
 /// Writes `memsnap oom` as a single JSON line.
 pub fn write_oom(out: &mut dyn Write, report: &super::oom::OomReport) -> io::Result<()> {
     line(out, report)

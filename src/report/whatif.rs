@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use crate::analysis::DeviceAnalysis;
+use crate::simulate::scale::{self, FitGroup, Method, Repeat, Sample, ScaleError, Scaled};
 use crate::simulate::{self, AllocConf, Options, Outcome, Program, SelfCheck};
 
 /// What to try.
@@ -156,4 +157,237 @@ pub struct WhatIfReport {
     pub file: String,
     /// Devices with trace events.
     pub devices: Vec<DeviceWhatIf>,
+}
+
+/// One snapshot given to `memsnap whatif --scale`, with its recorded figures.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScaleInput {
+    /// The file as given.
+    pub file: String,
+    /// The size parameter's value in that run.
+    pub size: u64,
+    /// The device read.
+    pub device: u32,
+    /// Trace events.
+    pub events: usize,
+    /// Highest allocated bytes of the recorded run.
+    pub peak_allocated_bytes: u64,
+    /// Highest reserved bytes of the recorded run.
+    pub peak_reserved_bytes: u64,
+    /// Whether the recorded run failed to allocate.
+    pub oom: bool,
+}
+
+/// The prediction at one size.
+#[derive(Clone, Debug, Serialize)]
+pub struct SizePrediction {
+    /// The size asked for.
+    pub size: u64,
+    /// The snapshot the requests were taken from (the nearest size; the largest when the stream
+    /// grows).
+    pub base_file: String,
+    /// Its size.
+    pub base_size: u64,
+    /// Predicted peak allocated bytes (recorded settings, no cap) minus the base's recorded peak,
+    /// per unit of size; `None` at the base's own size.
+    pub growth_per_unit_bytes: Option<f64>,
+    /// The requests by how their size was fitted, with their bytes alive at the base's peak.
+    pub fits: Vec<FitGroup>,
+    /// How the stream was extended, when it grows with the size.
+    pub repeat: Option<Repeat>,
+    /// Each setting simulated, in order (as `whatif`'s `simulated`).
+    pub simulated: Vec<Scenario>,
+}
+
+/// The largest snapshot predicted from the others, compared with what it recorded.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScaleCheck {
+    /// The size held out.
+    pub size: u64,
+    /// The sizes it was predicted from.
+    pub from_sizes: Vec<u64>,
+    /// Predicted peak allocated bytes.
+    pub predicted_peak_allocated_bytes: u64,
+    /// Recorded peak allocated bytes.
+    pub recorded_peak_allocated_bytes: u64,
+    /// Predicted peak reserved bytes.
+    pub predicted_peak_reserved_bytes: u64,
+    /// Recorded peak reserved bytes.
+    pub recorded_peak_reserved_bytes: u64,
+}
+
+/// `memsnap whatif --scale`: a program predicted at other sizes.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScaleReport {
+    /// How sizes were predicted: `fit` (across snapshots) or `categories` (one snapshot).
+    pub method: Method,
+    /// The snapshots, smallest size first.
+    pub inputs: Vec<ScaleInput>,
+    /// The settings the largest snapshot was recorded with.
+    pub recorded_alloc_conf: String,
+    /// What the prediction assumed, in words.
+    pub assumptions: Vec<String>,
+    /// One prediction per size asked for.
+    pub sizes: Vec<SizePrediction>,
+    /// With three or more snapshots: the largest predicted from the others.
+    pub check: Option<ScaleCheck>,
+}
+
+/// One snapshot for [`ScaleReport::new`]: its file, size and analysed device.
+pub struct ScaleSample<'a, 's> {
+    /// The file as given.
+    pub file: String,
+    /// The size parameter's value.
+    pub size: u64,
+    /// The analysed device.
+    pub analysis: &'a DeviceAnalysis<'s>,
+}
+
+impl ScaleReport {
+    /// Predicts the program of `samples` at each size of `targets`, simulated under the
+    /// settings of `options` (the recorded ones when it names none).
+    pub fn new(
+        samples: &[ScaleSample],
+        targets: &[u64],
+        options: &WhatIfOptions,
+    ) -> Result<ScaleReport, ScaleError> {
+        let mut order: Vec<usize> = (0..samples.len()).collect();
+        order.sort_by_key(|&i| samples[i].size);
+        let of = |i: usize| Sample {
+            size: samples[i].size,
+            analysis: samples[i].analysis,
+        };
+        let all: Vec<Sample> = (0..samples.len()).map(of).collect();
+        let (method, scaled) = scale::scale(&all, targets)?;
+        let largest = samples[*order.last().expect("one sample")].analysis;
+        let (recorded, _) = recorded_conf(largest, options.recorded_conf.as_ref());
+        let confs = if options.confs.is_empty() {
+            vec![recorded.clone()]
+        } else {
+            options.confs.clone()
+        };
+        let run = |s: &Scaled, conf: &AllocConf, cap: Option<u64>| {
+            let a = samples[s.base].analysis;
+            let (base_conf, _) = recorded_conf(a, options.recorded_conf.as_ref());
+            let o = Options {
+                conf: conf.clone(),
+                cap,
+                device_total: options.device_total,
+                recorded_addresses: false,
+            };
+            let outcome = simulate::simulate(a.snap, &a.replay, &s.program, &base_conf, &o);
+            (outcome, o, base_conf)
+        };
+        let sizes = scaled
+            .iter()
+            .map(|s| {
+                let base = &samples[s.base];
+                let simulated = confs
+                    .iter()
+                    .map(|conf| {
+                        let (outcome, o, base_conf) = run(s, conf, options.cap);
+                        let min_cap_bytes = options
+                            .min_cap
+                            .then(|| {
+                                let a = base.analysis;
+                                simulate::min_cap(a.snap, &a.replay, &s.program, &base_conf, &o)
+                            })
+                            .flatten();
+                        Scenario {
+                            outcome,
+                            min_cap_bytes,
+                        }
+                    })
+                    .collect();
+                let growth_per_unit_bytes = (s.size != base.size).then(|| {
+                    let free = run(s, &recorded, None).0;
+                    let recorded_peak = base.analysis.replay.peaks.allocated.bytes;
+                    (free.peak_allocated_bytes as f64 - recorded_peak as f64)
+                        / (s.size as f64 - base.size as f64)
+                });
+                SizePrediction {
+                    size: s.size,
+                    base_file: base.file.clone(),
+                    base_size: base.size,
+                    growth_per_unit_bytes,
+                    fits: s.groups.clone(),
+                    repeat: s.repeat.clone(),
+                    simulated,
+                }
+            })
+            .collect();
+        let check = (method == Method::Fit && samples.len() >= 3)
+            .then(|| {
+                let held = *order.last().expect("one sample");
+                let rest: Vec<Sample> = order[..order.len() - 1].iter().map(|&i| of(i)).collect();
+                let (_, scaled) = scale::scale(&rest, &[samples[held].size]).ok()?;
+                let s = scaled.into_iter().next()?;
+                let base = order[s.base];
+                let a = samples[base].analysis;
+                let (base_conf, _) = recorded_conf(a, options.recorded_conf.as_ref());
+                let o = Options {
+                    conf: base_conf.clone(),
+                    cap: None,
+                    device_total: options.device_total,
+                    recorded_addresses: false,
+                };
+                let out = simulate::simulate(a.snap, &a.replay, &s.program, &base_conf, &o);
+                let h = &samples[held].analysis.replay.peaks;
+                Some(ScaleCheck {
+                    size: samples[held].size,
+                    from_sizes: rest.iter().map(|r| r.size).collect(),
+                    predicted_peak_allocated_bytes: out.peak_allocated_bytes,
+                    recorded_peak_allocated_bytes: h.allocated.bytes,
+                    predicted_peak_reserved_bytes: out.peak_reserved_bytes,
+                    recorded_peak_reserved_bytes: h.reserved.bytes,
+                })
+            })
+            .flatten();
+        let mut assumptions = Vec::new();
+        match method {
+            Method::Categories => assumptions.push(
+                "one snapshot: activations, temporaries and inputs grow in proportion to the \
+                 size, everything else stays as recorded (the weaker estimate: give a second \
+                 snapshot at another size to fit each request)"
+                    .to_string(),
+            ),
+            Method::Fit => assumptions.push(
+                "every snapshot is the same program with one size changed: requests are aligned \
+                 by call site and each is fitted by the simplest exact form"
+                    .to_string(),
+            ),
+        }
+        if scaled.iter().any(|s| s.repeat.is_some()) {
+            assumptions.push(
+                "the request stream grows with the size: the requests the largest snapshot has \
+                 and the next one lacks are repeated; sizes that differ without an exact form \
+                 are kept as the largest snapshot has them"
+                    .to_string(),
+            );
+        }
+        let inputs = order
+            .iter()
+            .map(|&i| {
+                let s = &samples[i];
+                let r = &s.analysis.replay;
+                ScaleInput {
+                    file: s.file.clone(),
+                    size: s.size,
+                    device: r.device,
+                    events: r.len(),
+                    peak_allocated_bytes: r.peaks.allocated.bytes,
+                    peak_reserved_bytes: r.peaks.reserved.bytes,
+                    oom: !r.ooms.is_empty(),
+                }
+            })
+            .collect();
+        Ok(ScaleReport {
+            method,
+            inputs,
+            recorded_alloc_conf: recorded.to_string(),
+            assumptions,
+            sizes,
+            check,
+        })
+    }
 }

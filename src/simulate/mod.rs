@@ -17,6 +17,7 @@
 pub mod conf;
 pub mod model;
 pub mod program;
+pub mod scale;
 
 use serde::Serialize;
 

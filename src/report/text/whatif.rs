@@ -6,13 +6,14 @@ use comfy_table::CellAlignment;
 
 use super::{table, write_shares, Out, TextOptions};
 use crate::report::oom::{DeviceOom, OomExplanation, OomReport};
-use crate::report::whatif::{DeviceWhatIf, Scenario, WhatIfReport};
+use crate::report::whatif::{DeviceWhatIf, ScaleReport, Scenario, WhatIfReport};
+use crate::simulate::scale::{Growth, Method};
 use crate::simulate::{SelfCheck, SimOom};
 use crate::units;
 
 /// Writes the what-if tables of one file.
-pub fn write_whatif(out: &mut dyn Write, r: &WhatIfReport) -> io::Result<()> {
-    let out = &mut Out::new(out, false);
+pub fn write_whatif(out: &mut dyn Write, r: &WhatIfReport, markdown: bool) -> io::Result<()> {
+    let out = &mut Out::new(out, markdown);
     if r.devices.is_empty() {
         writeln!(
             out,
@@ -340,4 +341,154 @@ pub fn write_explanation(
                 .to_string(),
         }
     )
+}
+
+/// Writes `memsnap whatif --scale`: the snapshots given, the prediction at each size asked for
+/// under each setting, how the requests were fitted, and the check of the largest snapshot.
+pub fn write_scale(out: &mut dyn Write, r: &ScaleReport, markdown: bool) -> io::Result<()> {
+    let out = &mut Out::new(out, markdown);
+    let what = match r.method {
+        Method::Fit => "each request's size fitted across the snapshots",
+        Method::Categories => "sizes scaled by category from one snapshot",
+    };
+    let device = r.inputs.first().map_or(0, |i| i.device);
+    writeln!(
+        out,
+        "{} of one program · device {device} · {what}",
+        units::counted(r.inputs.len() as u64, "snapshot")
+    )?;
+    writeln!(out, "  recorded with {}", r.recorded_alloc_conf)?;
+    let with_min_cap = r
+        .sizes
+        .iter()
+        .any(|s| s.simulated.iter().any(|x| x.min_cap_bytes.is_some()));
+    let mut header = vec![
+        "size",
+        "from",
+        "settings",
+        "cap",
+        "peak allocated",
+        "peak reserved",
+        "fragmentation",
+        "outcome",
+    ];
+    if with_min_cap {
+        header.insert(7, "smallest cap");
+    }
+    let mut t = table(&header);
+    for c in [1, 2, header.len() - 1] {
+        if let Some(c) = t.column_mut(c) {
+            c.set_cell_alignment(CellAlignment::Left);
+        }
+    }
+    for i in &r.inputs {
+        let mut row = vec![
+            units::count(i.size),
+            "recorded".to_string(),
+            String::new(),
+            "-".to_string(),
+            units::bytes(i.peak_allocated_bytes),
+            units::bytes(i.peak_reserved_bytes),
+            String::new(),
+            if i.oom { "OOM" } else { "fits" }.to_string(),
+        ];
+        if with_min_cap {
+            row.insert(7, String::new());
+        }
+        t.add_row(row);
+    }
+    for s in &r.sizes {
+        for x in &s.simulated {
+            let mut row = scenario_row(x, with_min_cap);
+            row.insert(0, units::count(s.size));
+            row.insert(1, "predicted".to_string());
+            t.add_row(row);
+        }
+    }
+    writeln!(out)?;
+    writeln!(out, "{}", out.table(&t, "  "))?;
+    for s in &r.sizes {
+        let growth = match s.growth_per_unit_bytes {
+            Some(g) => format!(
+                ": peak allocated {}{} per unit of size",
+                if g < 0.0 { "-" } else { "+" },
+                units::bytes(g.abs().round() as u64)
+            ),
+            None => String::new(),
+        };
+        out.prose(&format!(
+            "size {} from the snapshot at size {}{growth}",
+            units::count(s.size),
+            units::count(s.base_size)
+        ))?;
+        let parts: Vec<String> = s
+            .fits
+            .iter()
+            .map(|g| {
+                let unverified = if g.unverified > 0 {
+                    format!(", {} unverified", units::count(g.unverified as u64))
+                } else {
+                    String::new()
+                };
+                let bytes =
+                    if g.growth == Growth::Constant || g.bytes_at_base_peak == g.bytes_at_target {
+                        format!("{} at the peak", units::bytes(g.bytes_at_base_peak))
+                    } else {
+                        format!(
+                            "{} at the peak → {}",
+                            units::bytes(g.bytes_at_base_peak),
+                            units::bytes(g.bytes_at_target)
+                        )
+                    };
+                format!(
+                    "{} {} ({bytes}{unverified})",
+                    units::count(g.requests as u64),
+                    g.growth.as_str()
+                )
+            })
+            .collect();
+        out.prose(&format!("  requests: {}", parts.join(", ")))?;
+        if let Some(rep) = &s.repeat {
+            out.prose(&format!(
+                "  the stream grows by {:.1} requests per unit: a run of {} repeated to add {}",
+                rep.requests_per_unit,
+                units::count(rep.run_requests as u64),
+                units::count(rep.added_requests as u64),
+            ))?;
+        }
+        for x in &s.simulated {
+            if let Some(o) = &x.outcome.oom {
+                out.prose(&format!(
+                    "  {}: {}",
+                    x.outcome.alloc_conf,
+                    failure_text(o).replace(" at event ", " at request ")
+                ))?;
+            }
+        }
+    }
+    if let Some(c) = &r.check {
+        let pct = |p: u64, q: u64| {
+            if q == 0 {
+                String::new()
+            } else {
+                format!(" ({:+.1}%)", (p as f64 - q as f64) / q as f64 * 100.0)
+            }
+        };
+        let from: Vec<String> = c.from_sizes.iter().map(|&x| units::count(x)).collect();
+        out.prose(&format!(
+            "check: size {} predicted from {}: peak allocated {}, recorded {}{}; peak reserved {}, recorded {}{}",
+            units::count(c.size),
+            from.join(", "),
+            units::bytes(c.predicted_peak_allocated_bytes),
+            units::bytes(c.recorded_peak_allocated_bytes),
+            pct(c.predicted_peak_allocated_bytes, c.recorded_peak_allocated_bytes),
+            units::bytes(c.predicted_peak_reserved_bytes),
+            units::bytes(c.recorded_peak_reserved_bytes),
+            pct(c.predicted_peak_reserved_bytes, c.recorded_peak_reserved_bytes),
+        ))?;
+    }
+    for a in &r.assumptions {
+        out.prose(&format!("assumed: {a}"))?;
+    }
+    writeln!(out)
 }

@@ -1,0 +1,1091 @@
+//! Scale: the program's requests at another problem size (batch, sequence length, micro-batches
+//! per step), predicted from snapshots of the same program at other sizes, for the allocator
+//! [`model`](super::model) to run as it runs a recorded [`Program`].
+//!
+//! **From two or more snapshots.** The allocations of each snapshot are aligned with those of
+//! the base snapshot (the one nearest the size asked for) by what made them: stream, call
+//! site and whether the block was a workspace freed before the next request, in order, with
+//! the Myers diff of the `similar` crate. Each aligned request's size is then fitted as a
+//! function of the size parameter by the simplest form that every snapshot agrees with to the
+//! byte: constant, proportional, proportional to the square, a line with a fixed part, a
+//! parabola. Bytes are whole numbers, so "agrees" means exactly, and a form the snapshots do
+//! not pin down (a line through two points, a parabola through three) is said to be unverified.
+//! Requests found in one snapshot only keep the base snapshot's size.
+//!
+//! **Streams that grow.** Where the number of requests grows with the size (micro-batches: each
+//! one more iteration of a pipeline's main loop), the requests that the base snapshot has and
+//! the next smaller one lacks are the growth. The longest run of them is repeated at its place
+//! as many times as the size asked for needs, and each free in and after the copies is given
+//! the allocation it freed in the recorded stream, counted back by call site (the third-newest
+//! allocation of that site stays the third-newest), so that an activation freed two iterations
+//! after it was made still is.
+//!
+//! **From one snapshot.** Sizes scale by category: activations, temporaries and inputs in
+//! proportion to the size, the rest (parameters, gradients, optimizer state, workspaces, what
+//! was alive before the trace) constant. This is the weaker estimate and the report says so.
+//!
+//! The fits are a few lines of exact integer arithmetic; only the alignment, a diff of long
+//! sequences, is left to a library.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::time::{Duration, Instant};
+
+use rustc_hash::{FxHashMap, FxHasher};
+use serde::Serialize;
+use similar::{capture_diff_slices_deadline, Algorithm, DiffOp};
+
+use super::program::{Op, Program};
+use crate::analysis::DeviceAnalysis;
+use crate::attribute::category::Category;
+use crate::snapshot::StackId;
+
+/// How long the alignment of two request streams may take before the diff settles for a
+/// coarser answer.
+const DIFF_DEADLINE: Duration = Duration::from_secs(20);
+
+/// A stream grows with the size when the larger snapshot has this share more requests per
+/// share more size (micro-batches: about 1; a batch size: a few cuDNN workspaces, about 0.01).
+const GROWING_STREAM: f64 = 0.25;
+
+/// The innermost frames that name a request's call site. The outer ones say which iteration
+/// or which warm-up of a loop made it (`step` at one line for the first iteration and another
+/// for the rest), which the repetition of a growing stream must not tell apart.
+const SITE_FRAMES: usize = 5;
+
+/// One snapshot of the program at a known value of the size parameter.
+pub struct Sample<'a, 's> {
+    /// The size parameter's value.
+    pub size: u64,
+    /// The snapshot's analysed device.
+    pub analysis: &'a DeviceAnalysis<'s>,
+}
+
+/// How a request's size depends on the size parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Growth {
+    /// The same in every snapshot.
+    Constant,
+    /// In proportion to the size.
+    Proportional,
+    /// In proportion to the square of the size (attention scores over the sequence).
+    Square,
+    /// A fixed part and a part in proportion.
+    Line,
+    /// A fixed part, a part in proportion and a part in the square.
+    Parabola,
+    /// No form fits every snapshot exactly: kept at the base snapshot's size.
+    Inexact,
+    /// Found in the base snapshot only: kept at its size.
+    Unmatched,
+}
+
+impl Growth {
+    /// The words of the text report.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Growth::Constant => "constant",
+            Growth::Proportional => "proportional",
+            Growth::Square => "square",
+            Growth::Line => "line",
+            Growth::Parabola => "parabola",
+            Growth::Inexact => "no exact fit (kept)",
+            Growth::Unmatched => "in one snapshot only (kept)",
+        }
+    }
+}
+
+/// A request's size as a function of the size: `c0 + c1·u + c2·u²`, with `u` the size divided
+/// by the largest snapshot's size (which keeps the arithmetic well conditioned).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fit {
+    /// The form.
+    pub growth: Growth,
+    /// Whether a snapshot beyond those the form needs agrees with it.
+    pub verified: bool,
+    coef: [f64; 3],
+}
+
+impl Fit {
+    fn constant(bytes: u64, growth: Growth, verified: bool) -> Fit {
+        Fit {
+            growth,
+            verified,
+            coef: [bytes as f64, 0.0, 0.0],
+        }
+    }
+
+    /// The predicted bytes at `u` (at least one byte: a request does not vanish).
+    pub fn at(&self, u: f64) -> u64 {
+        let [c0, c1, c2] = self.coef;
+        let v = c0 + c1 * u + c2 * u * u;
+        if v.is_finite() && v >= 1.0 {
+            v.round().min(u64::MAX as f64) as u64
+        } else {
+            1
+        }
+    }
+}
+
+/// Fits the points `(size, bytes)` (distinct sizes, the base first) by the simplest form they
+/// all agree with. `scale` divides the sizes. With `strict`, a form the points do not verify
+/// is not used: the request keeps the base's bytes (`Inexact`).
+pub fn fit(points: &[(u64, u64)], scale: f64, strict: bool) -> Fit {
+    let base = points[0].1;
+    if points.len() < 2 {
+        return Fit::constant(base, Growth::Unmatched, false);
+    }
+    let n = points.len();
+    let (x0, s0) = (points[0].0 as i128, points[0].1 as i128);
+    let all = |f: &dyn Fn(i128, i128) -> bool| points.iter().all(|&(x, s)| f(x as i128, s as i128));
+    if all(&|_, s| s == s0) {
+        return Fit::constant(base, Growth::Constant, true);
+    }
+    let u = |x: u64| x as f64 / scale;
+    if all(&|x, s| s * x0 == s0 * x) {
+        return Fit {
+            growth: Growth::Proportional,
+            verified: true,
+            coef: [0.0, s0 as f64 / u(points[0].0), 0.0],
+        };
+    }
+    if all(&|x, s| s * x0 * x0 == s0 * x * x) {
+        let u0 = u(points[0].0);
+        return Fit {
+            growth: Growth::Square,
+            verified: true,
+            coef: [0.0, 0.0, s0 as f64 / (u0 * u0)],
+        };
+    }
+    let (x1, s1) = (points[1].0 as i128, points[1].1 as i128);
+    if all(&|x, s| (s - s0) * (x1 - x0) == (s1 - s0) * (x - x0)) {
+        let (u0, u1) = (u(points[0].0), u(points[1].0));
+        let c1 = (s1 - s0) as f64 / (u1 - u0);
+        let line = Fit {
+            growth: Growth::Line,
+            verified: n >= 3,
+            coef: [s0 as f64 - c1 * u0, c1, 0.0],
+        };
+        return if line.verified || !strict {
+            line
+        } else {
+            Fit::constant(base, Growth::Inexact, false)
+        };
+    }
+    // n >= 3 here: two points always lie on a line
+    let us: Vec<f64> = points.iter().map(|&(x, _)| u(x)).collect();
+    let ss: Vec<f64> = points.iter().map(|&(_, s)| s as f64).collect();
+    let parabola = through_three(&us[..3], &ss[..3]);
+    let agrees = (3..n).all(|i| {
+        let p = Fit {
+            growth: Growth::Parabola,
+            verified: true,
+            coef: parabola,
+        };
+        (p.at(us[i]) as f64 - ss[i]).abs() <= 0.5
+    });
+    if agrees && (n >= 4 || !strict) {
+        return Fit {
+            growth: Growth::Parabola,
+            verified: n >= 4,
+            coef: parabola,
+        };
+    }
+    Fit::constant(base, Growth::Inexact, false)
+}
+
+/// The parabola through three points (Lagrange's form expanded into coefficients).
+fn through_three(u: &[f64], s: &[f64]) -> [f64; 3] {
+    let mut c = [0.0; 3];
+    for i in 0..3 {
+        let (j, k) = ((i + 1) % 3, (i + 2) % 3);
+        let d = (u[i] - u[j]) * (u[i] - u[k]);
+        let w = s[i] / d;
+        // (u - uj)(u - uk) = u² - (uj + uk)u + uj·uk
+        c[0] += w * u[j] * u[k];
+        c[1] -= w * (u[j] + u[k]);
+        c[2] += w;
+    }
+    c
+}
+
+/// What the fits decided, for one form: how many requests, and their bytes alive at the base
+/// snapshot's allocated peak, at the base size and at the size asked for.
+#[derive(Clone, Debug, Serialize)]
+pub struct FitGroup {
+    /// The form.
+    pub growth: Growth,
+    /// Requests fitted by it.
+    pub requests: usize,
+    /// Of those, fitted by a form no further snapshot checked.
+    pub unverified: usize,
+    /// Their bytes alive at the base snapshot's allocated peak.
+    pub bytes_at_base_peak: u64,
+    /// The same requests' bytes at the size asked for.
+    pub bytes_at_target: u64,
+}
+
+/// How a growing stream was extended.
+#[derive(Clone, Debug, Serialize)]
+pub struct Repeat {
+    /// Requests per unit of size, from the base and the next smaller snapshot.
+    pub requests_per_unit: f64,
+    /// The run of requests repeated (the longest the smaller snapshot lacks).
+    pub run_requests: usize,
+    /// Requests added by the repetition.
+    pub added_requests: usize,
+}
+
+/// The program at another size, and how it was made.
+#[derive(Clone, Debug)]
+pub struct Scaled {
+    /// The requests, for [`super::simulate`] with the base snapshot's start.
+    pub program: Program,
+    /// The size asked for.
+    pub size: u64,
+    /// The sample it was built from (index into the samples given).
+    pub base: usize,
+    /// Per form, in [`Growth`] order.
+    pub groups: Vec<FitGroup>,
+    /// Set when the stream grows with the size.
+    pub repeat: Option<Repeat>,
+}
+
+/// How sizes are predicted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    /// Each request fitted across two or more snapshots.
+    Fit,
+    /// One snapshot: activations, temporaries and inputs in proportion, the rest constant.
+    Categories,
+}
+
+/// Why a prediction cannot be made.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ScaleError {
+    /// The stream grows with the size and the size asked for is below the largest snapshot.
+    #[error(
+        "the request stream grows with the size ({per_unit:.1} requests per unit), so it is \
+         predicted upwards only: {target} is below the largest snapshot's size {largest}"
+    )]
+    Shrink {
+        /// The size asked for.
+        target: u64,
+        /// The largest snapshot's size.
+        largest: u64,
+        /// Requests per unit.
+        per_unit: f64,
+    },
+    /// The streams share too little to be the same program.
+    #[error(
+        "the snapshots at sizes {a} and {b} are not the same program: only {matched} of {total} \
+         requests align by call site"
+    )]
+    Diverged {
+        /// One size.
+        a: u64,
+        /// The other.
+        b: u64,
+        /// Requests aligned.
+        matched: usize,
+        /// Requests of the base.
+        total: usize,
+    },
+}
+
+/// One allocation of a program, as the alignment sees it.
+#[derive(Clone, Copy, Debug)]
+struct Req {
+    /// Index in `Program::ops`.
+    op: usize,
+    /// Call site, stream and kind of life.
+    token: u64,
+    bytes: u64,
+}
+
+/// The allocations of a sample's program in order, with their alignment tokens.
+fn requests(a: &DeviceAnalysis, program: &Program) -> Vec<Req> {
+    let snap = a.snap;
+    let events = snap.trace(a.device());
+    let mut site: HashMap<StackId, u64> = HashMap::new();
+    // a request freed before the next one is asked for lives like a workspace
+    let mut freed_at_once = vec![false; program.ops.len()];
+    let mut last_alloc: FxHashMap<u32, usize> = FxHashMap::default();
+    for (k, &(_, op)) in program.ops.iter().enumerate() {
+        match op {
+            Op::Alloc { req, .. } => {
+                last_alloc.insert(req, k);
+            }
+            Op::Free { req, .. } => {
+                if let Some(&at) = last_alloc.get(&req) {
+                    let between = program.ops[at + 1..k]
+                        .iter()
+                        .any(|(_, o)| matches!(o, Op::Alloc { .. }));
+                    freed_at_once[at] = !between;
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for (k, &(event, op)) in program.ops.iter().enumerate() {
+        let Op::Alloc { size, stream, .. } = op else {
+            continue;
+        };
+        let stack = events[event].stack;
+        let frames = *site.entry(stack).or_insert_with(|| {
+            let mut h = FxHasher::default();
+            for f in snap.stacks.frames(stack).take(SITE_FRAMES) {
+                snap.str(f.filename).hash(&mut h);
+                snap.str(f.name).hash(&mut h);
+                f.line.hash(&mut h);
+            }
+            h.finish()
+        });
+        let mut h = FxHasher::default();
+        (frames, stream, freed_at_once[k]).hash(&mut h);
+        out.push(Req {
+            op: k,
+            token: h.finish(),
+            bytes: size,
+        });
+    }
+    out
+}
+
+/// For each request of `base`, its partner in `other` (by index), aligned by token.
+fn align(base: &[Req], other: &[Req]) -> Vec<Option<usize>> {
+    let a: Vec<u64> = base.iter().map(|r| r.token).collect();
+    let b: Vec<u64> = other.iter().map(|r| r.token).collect();
+    let mut map = vec![None; base.len()];
+    let ops = capture_diff_slices_deadline(
+        Algorithm::Myers,
+        &a,
+        &b,
+        Some(Instant::now() + DIFF_DEADLINE),
+    );
+    for op in ops {
+        if let DiffOp::Equal {
+            old_index,
+            new_index,
+            len,
+        } = op
+        {
+            for i in 0..len {
+                map[old_index + i] = Some(new_index + i);
+            }
+        }
+    }
+    map
+}
+
+/// The runs of `base` requests without a partner: `(first, end)` in request order.
+fn unmatched_runs(map: &[Option<usize>]) -> Vec<(usize, usize)> {
+    let mut runs = Vec::new();
+    let mut start = None;
+    for (i, m) in map.iter().enumerate() {
+        match (m, start) {
+            (None, None) => start = Some(i),
+            (Some(_), Some(s)) => {
+                runs.push((s, i));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(s) = start {
+        runs.push((s, map.len()));
+    }
+    runs
+}
+
+/// The requests of `base` repeated once per unit of size: `(first, end, one unit)`.
+///
+/// A loop's iteration is found by a marker: a call site that the base has exactly `units`
+/// more times than the smaller snapshot (once per unit), whose consecutive occurrences are
+/// about `per_unit` requests apart. The window runs from one occurrence to the next, inside
+/// the stretch the smaller snapshot lacks, so that it holds whole iterations even when their
+/// lengths vary a little (a mixture of experts routes tokens differently in each). Without a
+/// marker, the longest run the smaller snapshot lacks (not one unit: `false`).
+fn repeat_window(
+    program: &Program,
+    base: &[Req],
+    small: &[Req],
+    map: &[Option<usize>],
+    units: u64,
+    per_unit: f64,
+) -> Option<Window> {
+    let runs = unmatched_runs(map);
+    let longest = runs.iter().copied().max_by_key(|&(s, e)| e - s);
+    let centre = longest.map_or(base.len() as f64 / 2.0, |(s, e)| (s + e) as f64 / 2.0);
+    let mut count: FxHashMap<u64, (u64, u64)> = FxHashMap::default();
+    for r in base {
+        count.entry(r.token).or_default().0 += 1;
+    }
+    for r in small {
+        count.entry(r.token).or_default().1 += 1;
+    }
+    let mut at: FxHashMap<u64, Vec<usize>> = FxHashMap::default();
+    for (i, r) in base.iter().enumerate() {
+        let (b, a) = count[&r.token];
+        if b == a + units {
+            at.entry(r.token).or_default().push(i);
+        }
+    }
+    let period_like = |g: usize| (g as f64 - per_unit).abs() <= 0.1 * per_unit;
+    let best = at
+        .values()
+        .map(|o| {
+            let score = o.windows(2).filter(|w| period_like(w[1] - w[0])).count();
+            (score, std::cmp::Reverse(o.len()), o)
+        })
+        .filter(|(score, _, _)| *score > 0)
+        .max_by(|x, y| {
+            (x.0, x.1)
+                .cmp(&(y.0, y.1))
+                .then_with(|| y.2[0].cmp(&x.2[0]))
+        });
+    if let Some((_, _, o)) = best {
+        // a steady iteration frees only what its own call sites make (an early one still
+        // frees what the warm-up made, once): fewest such frees first, then nearest the centre
+        let token_of = freed_tokens(program, base);
+        let foreign = |w: &[usize]| {
+            let end = base.get(w[1]).map_or(program.ops.len(), |r| r.op);
+            let made: rustc_hash::FxHashSet<u64> =
+                base[w[0]..w[1]].iter().map(|r| r.token).collect();
+            (base[w[0]].op..end)
+                .filter(|&k| token_of[k].is_some_and(|t| !made.contains(&t)))
+                .count()
+        };
+        let d = |w: &[usize]| ((w[0] + w[1]) as f64 / 2.0 - centre).abs();
+        let w = o
+            .windows(2)
+            .filter(|w| period_like(w[1] - w[0]))
+            .map(|w| (foreign(w), d(w), w))
+            .min_by(|x, y| x.0.cmp(&y.0).then(x.1.total_cmp(&y.1)))
+            .expect("a period-like pair")
+            .2;
+        return Some(Window {
+            first: w[0],
+            end: w[1],
+            one_unit: true,
+        });
+    }
+    longest.map(|(s, e)| Window {
+        first: s,
+        end: e,
+        one_unit: false,
+    })
+}
+
+/// How many ops each request of `reqs` lived (`None`: never freed in the trace).
+fn lives(program: &Program, reqs: &[Req]) -> Vec<Option<usize>> {
+    let mut at: FxHashMap<u32, usize> = FxHashMap::default();
+    for (i, r) in reqs.iter().enumerate() {
+        if let Op::Alloc { req, .. } = program.ops[r.op].1 {
+            at.insert(req, i);
+        }
+    }
+    let mut out = vec![None; reqs.len()];
+    for (k, &(_, op)) in program.ops.iter().enumerate() {
+        if let Op::Free { req, .. } = op {
+            if let Some(&i) = at.get(&req) {
+                out[i].get_or_insert(k - reqs[i].op);
+            }
+        }
+    }
+    out
+}
+
+/// Which requests of the base live until after a growing stream's loop, whenever they were
+/// made: those of a call site whose aligned requests live longer in the base than in the
+/// smaller snapshot, at the median, by more than half the ops the stream grew by. (An
+/// activation freed a few iterations later lives as long in both; the median keeps a request
+/// aligned with one an iteration away from deciding for its site.)
+fn grown_lives(
+    (base, base_reqs): (&Program, &[Req]),
+    (small, small_reqs): (&Program, &[Req]),
+    map: &[Option<usize>],
+) -> Vec<bool> {
+    let grown = base.ops.len().saturating_sub(small.ops.len()) as i64;
+    let (lb, ls) = (lives(base, base_reqs), lives(small, small_reqs));
+    let mut longer: FxHashMap<u64, Vec<i64>> = FxHashMap::default();
+    for (i, m) in map.iter().enumerate() {
+        if let (Some(b), Some(a)) = (lb[i], m.and_then(|j| ls[j])) {
+            longer
+                .entry(base_reqs[i].token)
+                .or_default()
+                .push(b as i64 - a as i64);
+        }
+    }
+    let to_end: FxHashMap<u64, bool> = longer
+        .into_iter()
+        .map(|(t, mut d)| {
+            let mid = d.len() / 2;
+            let median = *d.select_nth_unstable(mid).1;
+            (t, 2 * median > grown)
+        })
+        .collect();
+    base_reqs
+        .iter()
+        .zip(&lb)
+        .map(|(r, life)| life.is_some() && to_end.get(&r.token).copied().unwrap_or(false))
+        .collect()
+}
+
+/// Requests repeated to grow a stream.
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    /// The first request repeated.
+    first: usize,
+    /// The request after the last one repeated.
+    end: usize,
+    /// Whether the window is one unit of size (one loop iteration).
+    one_unit: bool,
+}
+
+/// For each op of `program` that frees a request of `reqs`, the token of that request.
+fn freed_tokens(program: &Program, reqs: &[Req]) -> Vec<Option<u64>> {
+    let mut by_id: FxHashMap<u32, u64> = FxHashMap::default();
+    for r in reqs {
+        if let Op::Alloc { req, .. } = program.ops[r.op].1 {
+            by_id.insert(req, r.token);
+        }
+    }
+    program
+        .ops
+        .iter()
+        .map(|&(_, op)| match op {
+            Op::Free { req, .. } => by_id.get(&req).copied(),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The program of the base sample at each size of `targets`, from `samples` (any order, at
+/// least one, distinct sizes).
+pub fn scale(samples: &[Sample], targets: &[u64]) -> Result<(Method, Vec<Scaled>), ScaleError> {
+    let programs: Vec<Program> = samples
+        .iter()
+        .map(|s| Program::new(s.analysis.snap, &s.analysis.replay))
+        .collect();
+    let reqs: Vec<Vec<Req>> = samples
+        .iter()
+        .zip(&programs)
+        .map(|(s, p)| requests(s.analysis, p))
+        .collect();
+    let mut order: Vec<usize> = (0..samples.len()).collect();
+    order.sort_by_key(|&i| samples[i].size);
+    let method = if samples.len() == 1 {
+        Method::Categories
+    } else {
+        Method::Fit
+    };
+    let largest = *order.last().expect("at least one sample");
+    // does the stream grow with the size? (the two largest snapshots say)
+    let growing = (samples.len() >= 2).then(|| {
+        let small = order[order.len() - 2];
+        let (nb, na) = (reqs[largest].len() as f64, reqs[small].len() as f64);
+        let (xb, xa) = (samples[largest].size as f64, samples[small].size as f64);
+        let per_unit = (nb - na) / (xb - xa);
+        let relative = ((nb - na) / na.max(1.0)) / ((xb - xa) / xa);
+        (relative >= GROWING_STREAM).then_some((small, per_unit))
+    });
+    let growing = growing.flatten();
+    let mut out = Vec::new();
+    for &target in targets {
+        let base = match growing {
+            Some((_, per_unit)) => {
+                if target < samples[largest].size {
+                    return Err(ScaleError::Shrink {
+                        target,
+                        largest: samples[largest].size,
+                        per_unit,
+                    });
+                }
+                largest
+            }
+            None => *order
+                .iter()
+                .min_by_key(|&&i| (samples[i].size.abs_diff(target), u64::MAX - samples[i].size))
+                .expect("at least one sample"),
+        };
+        let others: Vec<usize> = order.iter().copied().filter(|&i| i != base).collect();
+        let maps: Vec<Vec<Option<usize>>> = others
+            .iter()
+            .map(|&o| align(&reqs[base], &reqs[o]))
+            .collect();
+        for (k, &o) in others.iter().enumerate() {
+            let matched = maps[k].iter().filter(|m| m.is_some()).count();
+            let total = reqs[base].len();
+            if total > 0 && matched * 2 < total.min(reqs[o].len()) {
+                return Err(ScaleError::Diverged {
+                    a: samples[base].size,
+                    b: samples[o].size,
+                    matched,
+                    total,
+                });
+            }
+        }
+        let unit = samples[largest].size as f64;
+        let fits: Vec<Fit> = match method {
+            Method::Categories => {
+                let a = samples[base].analysis;
+                reqs[base]
+                    .iter()
+                    .map(|r| {
+                        let event = programs[base].ops[r.op].0;
+                        let scales = matches!(
+                            a.attribution.labels[event].category,
+                            Category::Activation | Category::Temporary | Category::Input
+                        );
+                        if scales {
+                            Fit {
+                                growth: Growth::Proportional,
+                                verified: false,
+                                coef: [
+                                    0.0,
+                                    r.bytes as f64 / (samples[base].size as f64 / unit),
+                                    0.0,
+                                ],
+                            }
+                        } else {
+                            Fit::constant(r.bytes, Growth::Constant, false)
+                        }
+                    })
+                    .collect()
+            }
+            Method::Fit => (0..reqs[base].len())
+                .map(|i| {
+                    let mut points = vec![(samples[base].size, reqs[base][i].bytes)];
+                    for (k, &o) in others.iter().enumerate() {
+                        if let Some(j) = maps[k][i] {
+                            points.push((samples[o].size, reqs[o][j].bytes));
+                        }
+                    }
+                    fit(&points, unit, growing.is_some())
+                })
+                .collect(),
+        };
+        let u = target as f64 / unit;
+        let to_end = match growing {
+            Some((small, _)) => {
+                let k = others
+                    .iter()
+                    .position(|&o| o == small)
+                    .expect("the smaller sample");
+                grown_lives(
+                    (&programs[base], &reqs[base]),
+                    (&programs[small], &reqs[small]),
+                    &maps[k],
+                )
+            }
+            None => vec![false; reqs[base].len()],
+        };
+        let repeat_plan = growing.map(|(small, per_unit)| {
+            let k = others
+                .iter()
+                .position(|&o| o == small)
+                .expect("the smaller sample");
+            let units = samples[base].size - samples[small].size;
+            let window = repeat_window(
+                &programs[base],
+                &reqs[base],
+                &reqs[small],
+                &maps[k],
+                units,
+                per_unit,
+            );
+            let copies = match window {
+                Some(w) if w.one_unit => (target - samples[base].size) as usize,
+                // a run that is not one unit: as many whole copies as the requests need
+                Some(w) => {
+                    let want = per_unit * (target - samples[base].size) as f64;
+                    (want / (w.end - w.first) as f64).round() as usize
+                }
+                None => 0,
+            };
+            (window, copies, per_unit)
+        });
+        let built = build(
+            &programs[base],
+            &reqs[base],
+            &fits,
+            u,
+            repeat_plan.and_then(|(w, copies, _)| w.map(|w| (w.first, w.end, copies))),
+            &to_end,
+        );
+        let groups = groups(
+            &programs[base],
+            samples[base].analysis,
+            &reqs[base],
+            &fits,
+            u,
+        );
+        let added = built.allocations - reqs[base].len();
+        out.push(Scaled {
+            program: built.program,
+            size: target,
+            base,
+            groups,
+            repeat: repeat_plan.map(|(window, _, per_unit)| Repeat {
+                requests_per_unit: per_unit,
+                run_requests: window.map_or(0, |w| w.end - w.first),
+                added_requests: added,
+            }),
+        });
+    }
+    Ok((method, out))
+}
+
+/// Requests alive at the base's allocated peak, by form.
+fn groups(
+    program: &Program,
+    a: &DeviceAnalysis,
+    reqs: &[Req],
+    fits: &[Fit],
+    u: f64,
+) -> Vec<FitGroup> {
+    let peak = a.replay.peaks.allocated.event;
+    let mut live: FxHashMap<u32, usize> = FxHashMap::default();
+    let mut index_of_op: FxHashMap<usize, usize> = FxHashMap::default();
+    for (i, r) in reqs.iter().enumerate() {
+        index_of_op.insert(r.op, i);
+    }
+    if let Some(peak) = peak {
+        for (k, &(event, op)) in program.ops.iter().enumerate() {
+            if event > peak {
+                break;
+            }
+            match op {
+                Op::Alloc { req, .. } => {
+                    if let Some(&i) = index_of_op.get(&k) {
+                        live.insert(req, i);
+                    }
+                }
+                Op::Free { req, .. } => {
+                    live.remove(&req);
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut by: std::collections::BTreeMap<Growth, FitGroup> = Default::default();
+    for f in fits {
+        let g = by.entry(f.growth).or_insert(FitGroup {
+            growth: f.growth,
+            requests: 0,
+            unverified: 0,
+            bytes_at_base_peak: 0,
+            bytes_at_target: 0,
+        });
+        g.requests += 1;
+        g.unverified += usize::from(
+            !f.verified && f.growth != Growth::Unmatched && f.growth != Growth::Inexact,
+        );
+    }
+    for &i in live.values() {
+        let f = &fits[i];
+        if let Some(g) = by.get_mut(&f.growth) {
+            g.bytes_at_base_peak += reqs[i].bytes;
+            g.bytes_at_target += f.at(u);
+        }
+    }
+    by.into_values().collect()
+}
+
+struct Built {
+    program: Program,
+    allocations: usize,
+}
+
+/// The base program with each request at its fitted size, and, for a growing stream, the
+/// requests `(first, end, copies)` repeated `copies` times after `end`.
+///
+/// Every free is placed anew from the life of its allocation in the base: a request freed by
+/// the loop lives as many ops as it did in the base, so an activation made in a copy is freed
+/// as many iterations later as in the base; a request that `to_end` marks (its life grew with
+/// the stream: freed after the loop, whenever it was made) is freed where the base frees it,
+/// moved past the copies. Each allocation is thus freed once, whatever the copies hold.
+fn build(
+    base: &Program,
+    reqs: &[Req],
+    fits: &[Fit],
+    u: f64,
+    repeat: Option<(usize, usize, usize)>,
+    to_end: &[bool],
+) -> Built {
+    let n_ops = base.ops.len();
+    let mut req_at_op: Vec<u32> = vec![u32::MAX; n_ops];
+    for (i, r) in reqs.iter().enumerate() {
+        req_at_op[r.op] = i as u32;
+    }
+    // each allocation's free and completion in the base, by its id
+    let mut freed: FxHashMap<u32, (usize, bool)> = FxHashMap::default();
+    let mut completed: FxHashMap<u32, usize> = FxHashMap::default();
+    for (k, &(_, op)) in base.ops.iter().enumerate() {
+        match op {
+            Op::Free { req, now } => {
+                freed.entry(req).or_insert((k, now));
+            }
+            Op::Complete { req } => {
+                completed.entry(req).or_insert(k);
+            }
+            _ => {}
+        }
+    }
+    // the base op of each slot of the new stream, and whether the slot is in a copy
+    let mut seq: Vec<(usize, bool)> = Vec::with_capacity(n_ops);
+    let (mut shift, mut tail_from) = (0usize, n_ops);
+    match repeat {
+        Some((s, e, copies)) if e > s && copies > 0 => {
+            let op_end = if e < reqs.len() { reqs[e].op } else { n_ops };
+            let op_start = reqs[s].op;
+            seq.extend((0..op_end).map(|k| (k, false)));
+            for _ in 0..copies {
+                seq.extend((op_start..op_end).map(|k| (k, true)));
+            }
+            seq.extend((op_end..n_ops).map(|k| (k, false)));
+            shift = copies * (op_end - op_start);
+            tail_from = op_end;
+        }
+        _ => seq.extend((0..n_ops).map(|k| (k, false))),
+    }
+    let slots = seq.len();
+    let image = |k: usize| if k >= tail_from { k + shift } else { k };
+    let before_id = |req: u32| -> u32 { req - base.events as u32 + slots as u32 };
+    let is_before = |req: u32| req >= base.events as u32;
+    // (slot, frees before the slot's own op, op)
+    let mut placed: Vec<(usize, u8, Op)> = Vec::with_capacity(slots + slots / 2);
+    let mut allocations = 0;
+    for (at, &(k, copy)) in seq.iter().enumerate() {
+        match base.ops[k].1 {
+            Op::Alloc { req, stream, .. } => {
+                let i = req_at_op[k] as usize;
+                let id = at as u32;
+                allocations += 1;
+                placed.push((
+                    at,
+                    1,
+                    Op::Alloc {
+                        req: id,
+                        size: fits[i].at(u),
+                        stream,
+                    },
+                ));
+                if let Some(&(f, now)) = freed.get(&req) {
+                    let slot = if to_end[i] { image(f) } else { at + (f - k) };
+                    placed.push((slot, 0, Op::Free { req: id, now }));
+                    if let Some(&c) = completed.get(&req) {
+                        placed.push((slot + c.saturating_sub(f), 0, Op::Complete { req: id }));
+                    }
+                }
+            }
+            Op::Free { req, now } if is_before(req) && !copy => placed.push((
+                at,
+                0,
+                Op::Free {
+                    req: before_id(req),
+                    now,
+                },
+            )),
+            Op::Complete { req } if is_before(req) && !copy => placed.push((
+                at,
+                0,
+                Op::Complete {
+                    req: before_id(req),
+                },
+            )),
+            Op::Free { .. } | Op::Complete { .. } => {}
+            Op::Fail { .. } if copy => {}
+            other => placed.push((at, 1, other)),
+        }
+    }
+    placed.sort_by_key(|&(slot, order, _)| (slot, order));
+    let last = slots.saturating_sub(1);
+    let mut program = base.clone();
+    program.events = slots;
+    program.ops = placed
+        .into_iter()
+        .map(|(slot, _, op)| (slot.min(last), op))
+        .collect();
+    for b in &mut program.before {
+        b.req = before_id(b.req);
+    }
+    Built {
+        program,
+        allocations,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(points: &[(u64, u64)], strict: bool) -> Fit {
+        fit(points, 1.0, strict)
+    }
+
+    #[test]
+    fn the_simplest_exact_form_is_chosen() {
+        assert_eq!(f(&[(32, 4096), (16, 4096)], false).growth, Growth::Constant);
+        let p = f(&[(32, 6144), (16, 3072)], false);
+        assert_eq!((p.growth, p.verified), (Growth::Proportional, true));
+        assert_eq!(p.at(128.0), 24576);
+        let q = f(&[(512, 4 * 512 * 512), (256, 4 * 256 * 256)], false);
+        assert_eq!(q.growth, Growth::Square);
+        assert_eq!(q.at(2048.0), 4 * 2048 * 2048);
+        // a fixed part and a part in proportion: a line, unverified through two points
+        let l = f(&[(32, 1000 + 32 * 7), (16, 1000 + 16 * 7)], false);
+        assert_eq!((l.growth, l.verified), (Growth::Line, false));
+        assert_eq!(l.at(100.0), 1700);
+        // strict (a growing stream): an unverified line keeps the base's bytes
+        let s = f(&[(32, 1000 + 32 * 7), (16, 1000 + 16 * 7)], true);
+        assert_eq!((s.growth, s.at(100.0)), (Growth::Inexact, 1224));
+        // three points on a line verify it
+        let v = f(
+            &[
+                (64, 1000 + 64 * 7),
+                (16, 1000 + 16 * 7),
+                (32, 1000 + 32 * 7),
+            ],
+            true,
+        );
+        assert_eq!(
+            (v.growth, v.verified, v.at(128.0)),
+            (Growth::Line, true, 1896)
+        );
+    }
+
+    #[test]
+    fn a_parabola_needs_three_points_and_a_fourth_verifies_it() {
+        let s = |x: u64| 100 + 3 * x + 2 * x * x;
+        let p = f(&[(4, s(4)), (1, s(1)), (2, s(2))], false);
+        assert_eq!((p.growth, p.verified), (Growth::Parabola, false));
+        assert_eq!(p.at(10.0), s(10));
+        let v = f(&[(8, s(8)), (1, s(1)), (2, s(2)), (4, s(4))], true);
+        assert_eq!(
+            (v.growth, v.verified, v.at(10.0)),
+            (Growth::Parabola, true, s(10))
+        );
+        // a fourth point off the parabola: no exact fit
+        let x = f(&[(8, s(8) + 512), (1, s(1)), (2, s(2)), (4, s(4))], false);
+        assert_eq!((x.growth, x.at(10.0)), (Growth::Inexact, s(8) + 512));
+        // large sizes stay exact in the scaled coordinates
+        let big = |x: u64| 7 * x * x + 3 * x + 1_000_000_000;
+        let g = fit(
+            &[(2048, big(2048)), (256, big(256)), (512, big(512))],
+            2048.0,
+            false,
+        );
+        assert_eq!(g.at(4096.0 / 2048.0), big(4096));
+    }
+
+    #[test]
+    fn one_point_is_unmatched_and_sizes_never_vanish() {
+        let one = f(&[(8, 1234)], false);
+        assert_eq!((one.growth, one.at(100.0)), (Growth::Unmatched, 1234));
+        let down = f(&[(32, 100), (16, 1100)], false);
+        assert_eq!(down.growth, Growth::Line);
+        assert_eq!(down.at(64.0), 1);
+    }
+
+    #[test]
+    fn runs_without_partner_are_found() {
+        let m = [Some(0), None, None, Some(1), None];
+        assert_eq!(unmatched_runs(&m), vec![(1, 3), (4, 5)]);
+        assert!(unmatched_runs(&[Some(0)]).is_empty());
+    }
+
+    fn program(ops: Vec<Op>) -> Program {
+        Program {
+            device: 0,
+            events: ops.len(),
+            ops: ops.into_iter().enumerate().collect(),
+            before: Vec::new(),
+            recorded_segments: Vec::new(),
+            start_streams: Vec::new(),
+            private_pools: false,
+            refusals: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_repeated_run_frees_what_its_iteration_made_two_iterations_later() {
+        // a loop whose iteration i allocates A_i and frees A_{i-2}; after it, the last two are
+        // freed. Every A is of one call site.
+        let mut ops = Vec::new();
+        let mut made = Vec::new();
+        for i in 0..5usize {
+            let id = ops.len() as u32;
+            made.push(id);
+            ops.push(Op::Alloc {
+                req: id,
+                size: 100,
+                stream: 0,
+            });
+            if i >= 2 {
+                ops.push(Op::Free {
+                    req: made[i - 2],
+                    now: true,
+                });
+            }
+        }
+        for &id in &made[3..] {
+            ops.push(Op::Free { req: id, now: true });
+        }
+        let base = program(ops);
+        let reqs: Vec<Req> = base
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, o))| matches!(o, Op::Alloc { .. }))
+            .map(|(k, _)| Req {
+                op: k,
+                token: 7,
+                bytes: 100,
+            })
+            .collect();
+        let fits: Vec<Fit> = reqs
+            .iter()
+            .map(|_| Fit::constant(100, Growth::Constant, true))
+            .collect();
+        // iteration 2 and 3 (requests 2 and 3) repeated twice, before iteration 4
+        let built = build(&base, &reqs, &fits, 1.0, Some((2, 4, 2)), &[false; 5]);
+        assert_eq!(built.allocations, 9);
+        let p = built.program;
+        assert_eq!(p.events, base.ops.len() + 2 * 4);
+        // every allocation freed exactly once, after it was made; at most three live at once
+        let mut live = std::collections::HashSet::new();
+        let mut most = 0;
+        let mut last_event = 0;
+        for &(event, o) in &p.ops {
+            assert!(event >= last_event && event < p.events);
+            last_event = event;
+            match o {
+                Op::Alloc { req, .. } => assert!(live.insert(req)),
+                Op::Free { req, .. } => assert!(live.remove(&req), "free of {req} not live"),
+                _ => {}
+            }
+            most = most.max(live.len());
+        }
+        assert!(live.is_empty());
+        assert_eq!(most, 3);
+        // the same requests freed after the loop stay live through the copies
+        let to_end = [false, false, true, true, false];
+        let q = build(&base, &reqs, &fits, 1.0, Some((2, 4, 2)), &to_end).program;
+        let (mut live, mut most) = (0i32, 0);
+        for &(_, o) in &q.ops {
+            live += match o {
+                Op::Alloc { .. } => 1,
+                Op::Free { .. } => -1,
+                _ => 0,
+            };
+            most = most.max(live);
+        }
+        // the six of requests 2 and 3 and their copies, and the last iteration's
+        assert_eq!((live, most), (0, 7));
+    }
+}
