@@ -123,6 +123,18 @@ const VIEWS: &[(&str, &str)] = &[
         "whatif --json testdata/snapshots/allocator/default.pickle.xz --cap 2.3GiB --try expandable_segments:True",
     ),
     (
+        "whatif-scale-eager.md",
+        "whatif --markdown --scale testdata/snapshots/sweeps/eager/memory_snapshot_eager_256.pickle.xz=256 testdata/snapshots/sweeps/eager/memory_snapshot_eager_512.pickle.xz=512 testdata/snapshots/sweeps/eager/memory_snapshot_eager_1024.pickle.xz=1024 --to 2048 --cap 20021773414 --try expandable_segments:True --min-cap",
+    ),
+    (
+        "whatif-scale-pipeline.txt",
+        "whatif --scale testdata/snapshots/sweeps/pipe/memory_snapshot_rank0_pp2n6_step0.pickle.xz=6 testdata/snapshots/sweeps/pipe/memory_snapshot_rank0_pp2n8_step0.pickle.xz=8 --to 16 32",
+    ),
+    (
+        "whatif-scale-one.json",
+        "whatif --json --scale testdata/snapshots/sweeps/pipe/memory_snapshot_rank1_pp2n8_step0.pickle.xz=8 --to 16",
+    ),
+    (
         "flamegraph-single-gpu.folded",
         "flamegraph --folded testdata/snapshots/single-gpu/memory_snapshot_rank0_step1.pickle.xz",
     ),

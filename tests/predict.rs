@@ -213,6 +213,51 @@ fn pipeline_ranks_at_more_micro_batches() {
     }
 }
 
+/// From one snapshot of a DualPipeV rank, the size being its number of micro-batches: the
+/// schedule's main loop grows by one iteration per micro-batch; within 5% of each rank's
+/// printed peak.
+#[test]
+fn one_pipeline_rank_at_more_micro_batches() {
+    for (pp, rank, from, to) in [
+        (2, 0u32, 8u64, 16u64),
+        (2, 1, 8, 16),
+        (4, 0, 16, 24),
+        (4, 3, 16, 24),
+    ] {
+        let log = sweep_log("pipe", &format!("pp{pp}n{to}"));
+        let file = format!(
+            "{}={from}",
+            sweep_file("pipe", &format!("rank{rank}_pp{pp}n{from}_step0"))
+        );
+        let v = json(&["whatif", "--scale", &file, "--to", &to.to_string()]);
+        assert_eq!(v["method"], "schedule");
+        let size = &v["sizes"][0];
+        assert_eq!(size["repeat"]["unsteady_frees"], 0, "a steady iteration");
+        let printed = format!("[rank={rank}] PEAK");
+        let s = &size["simulated"][0];
+        let what = format!("pp{pp} rank {rank} at {to} from {from} alone");
+        within(
+            s["peak_allocated_bytes"].as_u64().unwrap(),
+            figure(&log, &printed, "max_memory_allocated").unwrap(),
+            0.05,
+            &what,
+        );
+        within(
+            s["peak_reserved_bytes"].as_u64().unwrap(),
+            figure(&log, &printed, "max_memory_reserved").unwrap(),
+            0.05,
+            &what,
+        );
+    }
+    // at 2P micro-batches the first rank's main loop runs once: nothing steady to repeat
+    let file = format!("{}=4", sweep_file("pipe", "rank0_pp2n4_step0"));
+    one_line_failure(
+        &memsnap(&["whatif", "--scale", &file, "--to", "16"]),
+        2,
+        "too few to repeat",
+    );
+}
+
 #[test]
 fn bad_scale_arguments_are_one_line() {
     let f = sweep_file("cnn", "cnn_16");
@@ -267,4 +312,42 @@ fn bad_scale_arguments_are_one_line() {
         2,
         "not the same program",
     );
+}
+
+/// Every larger size of a sweep from its two smallest, in one run (`--to` takes several): each
+/// within 2% of what the run at that size printed.
+#[test]
+fn every_larger_size_from_the_two_smallest() {
+    for (lane, sizes, larger) in [
+        ("cnn", [16u64, 32], &[64u64, 128][..]),
+        ("sdpa", [256, 512], &[1024, 2048][..]),
+    ] {
+        let files: Vec<String> = sizes
+            .iter()
+            .map(|s| format!("{}={s}", sweep_file(lane, &format!("{lane}_{s}"))))
+            .collect();
+        let to: Vec<String> = larger.iter().map(|s| s.to_string()).collect();
+        let mut args = vec!["whatif", "--scale", &files[0], &files[1], "--to"];
+        args.extend(to.iter().map(String::as_str));
+        let v = json(&args);
+        for (k, &size) in larger.iter().enumerate() {
+            let p = &v["sizes"][k];
+            assert_eq!(p["size"], size);
+            let log = sweep_log(lane, &format!("{lane}_{size}"));
+            let s = &p["simulated"][0];
+            let what = format!("{lane} {size} from {sizes:?}");
+            within(
+                s["peak_allocated_bytes"].as_u64().unwrap(),
+                figure(&log, "PEAK", "max_memory_allocated").unwrap(),
+                0.02,
+                &what,
+            );
+            within(
+                s["peak_reserved_bytes"].as_u64().unwrap(),
+                figure(&log, "PEAK", "max_memory_reserved").unwrap(),
+                0.02,
+                &what,
+            );
+        }
+    }
 }

@@ -41,7 +41,7 @@ try:
 except Exception:  # not installed as a package (running from a source tree)
     __version__ = "unknown"
 
-__all__ = ["MemsnapError", "binary", "report", "oom", "timeline", "whatif", "compare", "run"]
+__all__ = ["MemsnapError", "binary", "report", "oom", "timeline", "whatif", "predict", "compare", "run"]
 
 Snapshot = Union[str, "os.PathLike[str]", Dict[str, Any]]
 
@@ -146,6 +146,26 @@ def whatif(snapshot: Snapshot, **options: Any) -> Dict[str, Any]:
     """The ``memsnap whatif --json`` object: the trace replayed under other allocator settings
     (``alloc_conf="expandable_segments:True"``, ``cap="40GiB"``, ...)."""
     return _json_command("whatif", snapshot, options)
+
+
+def predict(
+    snapshots: Dict[Union[str, "os.PathLike[str]"], int],
+    to: Union[int, List[int]],
+    **options: Any,
+) -> Dict[str, Any]:
+    """The ``memsnap whatif --scale --json`` object: the program of ``snapshots`` (each file with
+    the value of the one size that differs: batch, sequence length, micro-batches) predicted at
+    the size or sizes ``to``, allocator included. One snapshot scales by category (or, for a
+    DualPipeV rank at its number of micro-batches, by its schedule). Options as for
+    :func:`whatif` (``cap``, ``try_``, ``min_cap``, ...)::
+
+        memsnap.predict({"b16.pickle": 16, "b32.pickle": 32}, to=64, cap="40GiB")
+    """
+    sizes = [to] if isinstance(to, int) else list(to)
+    # FILE=SIZE attached to its flag: a file named -x.pickle is never read as an option
+    scale = [f"--scale={os.fspath(path)}={int(size)}" for path, size in snapshots.items()]
+    targets = [f"--to={int(size)}" for size in sizes]
+    return json.loads(run(["whatif", "--json", "--quiet", *_flags(options), *scale, *targets]))
 
 
 def timeline(snapshot: Snapshot, output: Union[str, "os.PathLike[str]"], by: str = "category", **options: Any) -> List[str]:

@@ -78,6 +78,12 @@ def main():
     except memsnap.MemsnapError as e:
         check(e.exit_code == 1 and "no-such-file.pickle" in str(e), "a missing file raises MemsnapError")
 
+    sweep = "testdata/snapshots/sweeps/cnn/memory_snapshot_cnn_{}.pickle.xz"
+    predicted = memsnap.predict({sweep.format(16): 16, sweep.format(32): 32}, to=[64, 128])
+    check([s["size"] for s in predicted["sizes"]] == [64, 128], "predict(files, to=[...]) is whatif --scale")
+    capped = memsnap.predict({sweep.format(64): 64}, to=128, cap="1GiB")
+    check(capped["method"] == "categories" and capped["sizes"][0]["simulated"][0]["oom"], "predict(one file, cap=...)")
+
     try:
         memsnap.report(42)
         check(False, "a wrong type raises")

@@ -351,13 +351,19 @@ impl ScaleReport {
                  snapshot at another size to fit each request)"
                     .to_string(),
             ),
+            Method::Schedule => assumptions.push(
+                "one DualPipeV rank, the size its number of micro-batches: each micro-batch more \
+                 is one more iteration of the main loop (step 4), repeated from the snapshot; \
+                 the batch's inputs grow in proportion, everything else is as recorded"
+                    .to_string(),
+            ),
             Method::Fit => assumptions.push(
                 "every snapshot is the same program with one size changed: requests are aligned \
                  by call site and each is fitted by the simplest exact form"
                     .to_string(),
             ),
         }
-        if scaled.iter().any(|s| s.repeat.is_some()) {
+        if method == Method::Fit && scaled.iter().any(|s| s.repeat.is_some()) {
             assumptions.push(
                 "the request stream grows with the size: the requests the largest snapshot has \
                  and the next one lacks are repeated; sizes that differ without an exact form \

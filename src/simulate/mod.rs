@@ -8,6 +8,9 @@
 //! mapped, and whether the request fails. Under the settings the snapshot was recorded with,
 //! the simulation must reproduce the recorded run; [`self_check`] measures how closely it does.
 //!
+//! [`scale`] builds the program at another problem size (batch, sequence length,
+//! micro-batches) from snapshots at other sizes, for the same model to run.
+//!
 //! Two starts are possible. Under settings that lay blocks out as the recorded ones did, the
 //! simulation starts from the segments and blocks the replay rebuilt for trace start. Under
 //! others (expandable segments on or off, another `max_split_size` or rounding) that layout

@@ -90,8 +90,8 @@ impl Growth {
             Growth::Square => "square",
             Growth::Line => "line",
             Growth::Parabola => "parabola",
-            Growth::Inexact => "no exact fit (kept)",
-            Growth::Unmatched => "in one snapshot only (kept)",
+            Growth::Inexact => "without an exact fit, kept",
+            Growth::Unmatched => "in one snapshot only, kept",
         }
     }
 }
@@ -235,6 +235,9 @@ pub struct Repeat {
     pub run_requests: usize,
     /// Requests added by the repetition.
     pub added_requests: usize,
+    /// Frees in the repeated run of what the loop's warm-up made: the run is not a steady
+    /// iteration and the prediction less sure (0 for a steady one).
+    pub unsteady_frees: usize,
 }
 
 /// The program at another size, and how it was made.
@@ -260,6 +263,9 @@ pub enum Method {
     Fit,
     /// One snapshot: activations, temporaries and inputs in proportion, the rest constant.
     Categories,
+    /// One snapshot of a DualPipeV rank, the size its number of micro-batches: the main
+    /// loop's iterations repeated (one per micro-batch), the batch's input in proportion.
+    Schedule,
 }
 
 /// Why a prediction cannot be made.
@@ -277,6 +283,20 @@ pub enum ScaleError {
         largest: u64,
         /// Requests per unit.
         per_unit: f64,
+    },
+    /// One pipeline rank whose main loop ran too few iterations to repeat one.
+    #[error(
+        "rank {rank} ran {chunks} micro-batches, which is {iterations} iteration(s) of the \
+         pipeline's main loop (step 4): too few to repeat a steady one; give a snapshot at more \
+         micro-batches, or two snapshots"
+    )]
+    FewIterations {
+        /// Iterations of step 4.
+        iterations: usize,
+        /// Micro-batches.
+        chunks: u32,
+        /// The rank.
+        rank: u32,
     },
     /// The streams share too little to be the same program.
     #[error(
@@ -465,19 +485,105 @@ fn repeat_window(
             .filter(|w| period_like(w[1] - w[0]))
             .map(|w| (foreign(w), d(w), w))
             .min_by(|x, y| x.0.cmp(&y.0).then(x.1.total_cmp(&y.1)))
-            .expect("a period-like pair")
-            .2;
+            .expect("a period-like pair");
         return Some(Window {
-            first: w[0],
-            end: w[1],
+            first: w.2[0],
+            end: w.2[1],
             one_unit: true,
+            unsteady: w.0,
         });
     }
     longest.map(|(s, e)| Window {
         first: s,
         end: e,
         one_unit: false,
+        unsteady: 0,
     })
+}
+
+/// For one snapshot of a DualPipeV rank whose size is its number of micro-batches: one
+/// iteration of the main loop (step 4) to repeat per micro-batch more, and which requests are
+/// freed where the base frees them, past the copies: all but those both made and freed in
+/// steps 1 to 8 (per-micro-batch results kept for the caller, what came before the schedule).
+///
+/// The iteration runs between two occurrences of a call site that step 4 allocates exactly
+/// once per iteration: the one whose iterations free least of what other sites made (an early
+/// iteration still frees activations of the warm-up steps), the latest of those.
+fn schedule_window(
+    sample: &Sample,
+    program: &Program,
+    reqs: &[Req],
+) -> Result<Option<(Window, Vec<bool>)>, ScaleError> {
+    let a = sample.analysis;
+    let Some(pipeline) = &a.attribution.pipeline else {
+        return Ok(None);
+    };
+    let Some(shape) = pipeline.shape else {
+        return Ok(None);
+    };
+    if !pipeline.chunks_known || u64::from(shape.chunks) != sample.size {
+        return Ok(None);
+    }
+    let iterations = shape.iterations()[3] as usize;
+    let few = ScaleError::FewIterations {
+        iterations,
+        chunks: shape.chunks,
+        rank: shape.rank,
+    };
+    if iterations < 2 {
+        return Err(few);
+    }
+    let labels = &a.attribution.labels;
+    let step_of = |i: usize| labels[program.ops[reqs[i].op].0].pipe_step;
+    let mut at: FxHashMap<u64, Vec<usize>> = FxHashMap::default();
+    for i in 0..reqs.len() {
+        if step_of(i) == 4 {
+            at.entry(reqs[i].token).or_default().push(i);
+        }
+    }
+    let token_of = freed_tokens(program, reqs);
+    let foreign = |w: &[usize]| {
+        let made: rustc_hash::FxHashSet<u64> = reqs[w[0]..w[1]].iter().map(|r| r.token).collect();
+        (reqs[w[0]].op..reqs[w[1]].op)
+            .filter(|&k| token_of[k].is_some_and(|t| !made.contains(&t)))
+            .count()
+    };
+    let Some(window) = at
+        .values()
+        // (the last rank runs its first iteration's halves apart, from other sites)
+        .filter(|o| o.len() == iterations || o.len() + 1 == iterations)
+        .flat_map(|o| {
+            o.windows(2)
+                .map(|w| (foreign(w), std::cmp::Reverse(w[1]), w[0], w[1]))
+        })
+        .min()
+    else {
+        return Err(few);
+    };
+    let mut to_end = vec![false; reqs.len()];
+    let mut index: FxHashMap<u32, usize> = FxHashMap::default();
+    for (i, r) in reqs.iter().enumerate() {
+        if let Op::Alloc { req, .. } = program.ops[r.op].1 {
+            index.insert(req, i);
+        }
+    }
+    for &(event, op) in &program.ops {
+        if let Op::Free { req, .. } = op {
+            if let Some(&i) = index.get(&req) {
+                let in_steps = |step: u8| (1..=8).contains(&step);
+                to_end[i] = !(in_steps(step_of(i)) && in_steps(labels[event].pipe_step));
+            }
+        }
+    }
+    Ok(Some((
+        Window {
+            first: window.2,
+            end: window.3,
+            one_unit: true,
+            unsteady: window.0,
+        },
+        to_end,
+    )))
 }
 
 /// How many ops each request of `reqs` lived (`None`: never freed in the trace).
@@ -544,6 +650,9 @@ struct Window {
     end: usize,
     /// Whether the window is one unit of size (one loop iteration).
     one_unit: bool,
+    /// Frees in the window of requests made before it by call sites it does not repeat: an
+    /// iteration still ending the warm-up, not a steady one.
+    unsteady: usize,
 }
 
 /// For each op of `program` that frees a request of `reqs`, the token of that request.
@@ -578,10 +687,16 @@ pub fn scale(samples: &[Sample], targets: &[u64]) -> Result<(Method, Vec<Scaled>
         .collect();
     let mut order: Vec<usize> = (0..samples.len()).collect();
     order.sort_by_key(|&i| samples[i].size);
-    let method = if samples.len() == 1 {
-        Method::Categories
-    } else {
-        Method::Fit
+    // one pipeline rank whose size is its number of micro-batches: the schedule says how
+    // its stream grows
+    let schedule = match samples {
+        [one] => schedule_window(one, &programs[0], &reqs[0])?,
+        _ => None,
+    };
+    let method = match (samples.len(), &schedule) {
+        (1, Some(_)) => Method::Schedule,
+        (1, None) => Method::Categories,
+        _ => Method::Fit,
     };
     let largest = *order.last().expect("at least one sample");
     // does the stream grow with the size? (the two largest snapshots say)
@@ -596,8 +711,15 @@ pub fn scale(samples: &[Sample], targets: &[u64]) -> Result<(Method, Vec<Scaled>
     let growing = growing.flatten();
     let mut out = Vec::new();
     for &target in targets {
-        let base = match growing {
-            Some((_, per_unit)) => {
+        let base = match (growing, &schedule) {
+            (None, Some((w, _))) if target < samples[0].size => {
+                return Err(ScaleError::Shrink {
+                    target,
+                    largest: samples[0].size,
+                    per_unit: (w.end - w.first) as f64,
+                })
+            }
+            (Some((_, per_unit)), _) => {
                 if target < samples[largest].size {
                     return Err(ScaleError::Shrink {
                         target,
@@ -607,7 +729,7 @@ pub fn scale(samples: &[Sample], targets: &[u64]) -> Result<(Method, Vec<Scaled>
                 }
                 largest
             }
-            None => *order
+            (None, _) => *order
                 .iter()
                 .min_by_key(|&&i| (samples[i].size.abs_diff(target), u64::MAX - samples[i].size))
                 .expect("at least one sample"),
@@ -631,16 +753,21 @@ pub fn scale(samples: &[Sample], targets: &[u64]) -> Result<(Method, Vec<Scaled>
         }
         let unit = samples[largest].size as f64;
         let fits: Vec<Fit> = match method {
-            Method::Categories => {
+            Method::Categories | Method::Schedule => {
                 let a = samples[base].analysis;
                 reqs[base]
                     .iter()
                     .map(|r| {
                         let event = programs[base].ops[r.op].0;
-                        let scales = matches!(
-                            a.attribution.labels[event].category,
-                            Category::Activation | Category::Temporary | Category::Input
-                        );
+                        let category = a.attribution.labels[event].category;
+                        let scales = if method == Method::Schedule {
+                            category == Category::Input
+                        } else {
+                            matches!(
+                                category,
+                                Category::Activation | Category::Temporary | Category::Input
+                            )
+                        };
                         if scales {
                             Fit {
                                 growth: Growth::Proportional,
@@ -682,33 +809,43 @@ pub fn scale(samples: &[Sample], targets: &[u64]) -> Result<(Method, Vec<Scaled>
                     &maps[k],
                 )
             }
-            None => vec![false; reqs[base].len()],
+            None => match &schedule {
+                Some((_, to_end)) => to_end.clone(),
+                None => vec![false; reqs[base].len()],
+            },
         };
-        let repeat_plan = growing.map(|(small, per_unit)| {
-            let k = others
-                .iter()
-                .position(|&o| o == small)
-                .expect("the smaller sample");
-            let units = samples[base].size - samples[small].size;
-            let window = repeat_window(
-                &programs[base],
-                &reqs[base],
-                &reqs[small],
-                &maps[k],
-                units,
-                per_unit,
-            );
-            let copies = match window {
-                Some(w) if w.one_unit => (target - samples[base].size) as usize,
-                // a run that is not one unit: as many whole copies as the requests need
-                Some(w) => {
-                    let want = per_unit * (target - samples[base].size) as f64;
-                    (want / (w.end - w.first) as f64).round() as usize
-                }
-                None => 0,
-            };
-            (window, copies, per_unit)
-        });
+        let repeat_plan = match &schedule {
+            Some((w, _)) => Some((
+                Some(*w),
+                (target - samples[base].size) as usize,
+                (w.end - w.first) as f64,
+            )),
+            None => growing.map(|(small, per_unit)| {
+                let k = others
+                    .iter()
+                    .position(|&o| o == small)
+                    .expect("the smaller sample");
+                let units = samples[base].size - samples[small].size;
+                let window = repeat_window(
+                    &programs[base],
+                    &reqs[base],
+                    &reqs[small],
+                    &maps[k],
+                    units,
+                    per_unit,
+                );
+                let copies = match window {
+                    Some(w) if w.one_unit => (target - samples[base].size) as usize,
+                    // a run that is not one unit: as many whole copies as the requests need
+                    Some(w) => {
+                        let want = per_unit * (target - samples[base].size) as f64;
+                        (want / (w.end - w.first) as f64).round() as usize
+                    }
+                    None => 0,
+                };
+                (window, copies, per_unit)
+            }),
+        };
         let built = build(
             &programs[base],
             &reqs[base],
@@ -734,6 +871,7 @@ pub fn scale(samples: &[Sample], targets: &[u64]) -> Result<(Method, Vec<Scaled>
                 requests_per_unit: per_unit,
                 run_requests: window.map_or(0, |w| w.end - w.first),
                 added_requests: added,
+                unsteady_frees: window.map_or(0, |w| w.unsteady),
             }),
         });
     }

@@ -350,6 +350,7 @@ pub fn write_scale(out: &mut dyn Write, r: &ScaleReport, markdown: bool) -> io::
     let what = match r.method {
         Method::Fit => "each request's size fitted across the snapshots",
         Method::Categories => "sizes scaled by category from one snapshot",
+        Method::Schedule => "micro-batches added to one pipeline rank's schedule",
     };
     let device = r.inputs.first().map_or(0, |i| i.device);
     writeln!(
@@ -402,9 +403,15 @@ pub fn write_scale(out: &mut dyn Write, r: &ScaleReport, markdown: bool) -> io::
             let mut row = scenario_row(x, with_min_cap);
             row.insert(0, units::count(s.size));
             row.insert(1, "predicted".to_string());
+            if x.outcome.oom.is_some() {
+                // its place is in the predicted stream, said below
+                *row.last_mut().expect("an outcome") = "OOM".to_string();
+            }
             t.add_row(row);
         }
     }
+    // lines about one size, under its line (a list item of their own in Markdown)
+    let sub = if out.markdown { "" } else { "  " };
     writeln!(out)?;
     writeln!(out, "{}", out.table(&t, "  "))?;
     for s in &r.sizes {
@@ -416,8 +423,28 @@ pub fn write_scale(out: &mut dyn Write, r: &ScaleReport, markdown: bool) -> io::
             ),
             None => String::new(),
         };
+        // what does not grow: constant requests and blocks from before the trace
+        let base_peak = r
+            .inputs
+            .iter()
+            .find(|i| i.size == s.base_size)
+            .map_or(0, |i| i.peak_allocated_bytes);
+        let grows: u64 = s
+            .fits
+            .iter()
+            .filter(|g| g.bytes_at_target != g.bytes_at_base_peak)
+            .map(|g| g.bytes_at_base_peak)
+            .sum();
+        let fixed = if base_peak > 0 && s.growth_per_unit_bytes.is_some() && s.repeat.is_none() {
+            format!(
+                ", {:.1}% of its peak fixed",
+                base_peak.saturating_sub(grows) as f64 / base_peak as f64 * 100.0
+            )
+        } else {
+            String::new()
+        };
         out.prose(&format!(
-            "size {} from the snapshot at size {}{growth}",
+            "size {} from the snapshot at size {}{growth}{fixed}",
             units::count(s.size),
             units::count(s.base_size)
         ))?;
@@ -425,7 +452,7 @@ pub fn write_scale(out: &mut dyn Write, r: &ScaleReport, markdown: bool) -> io::
             .fits
             .iter()
             .map(|g| {
-                let unverified = if g.unverified > 0 {
+                let unverified = if g.unverified > 0 && r.method == Method::Fit {
                     format!(", {} unverified", units::count(g.unverified as u64))
                 } else {
                     String::new()
@@ -447,21 +474,30 @@ pub fn write_scale(out: &mut dyn Write, r: &ScaleReport, markdown: bool) -> io::
                 )
             })
             .collect();
-        out.prose(&format!("  requests: {}", parts.join(", ")))?;
+        out.prose(&format!("{sub}requests: {}", parts.join(", ")))?;
         if let Some(rep) = &s.repeat {
             out.prose(&format!(
-                "  the stream grows by {:.1} requests per unit: a run of {} repeated to add {}",
+                "{sub}the stream grows by {:.1} requests per unit: a run of {} repeated to add {}{}",
                 rep.requests_per_unit,
                 units::count(rep.run_requests as u64),
                 units::count(rep.added_requests as u64),
+                if rep.unsteady_frees > 0 {
+                    format!(
+                        " (the run also frees {} made before the loop: not a steady iteration, \
+                         a less sure estimate; a snapshot with more iterations helps)",
+                        units::count(rep.unsteady_frees as u64)
+                    )
+                } else {
+                    String::new()
+                }
             ))?;
         }
         for x in &s.simulated {
             if let Some(o) = &x.outcome.oom {
                 out.prose(&format!(
-                    "  {}: {}",
+                    "{sub}{}: {}",
                     x.outcome.alloc_conf,
-                    failure_text(o).replace(" at event ", " at request ")
+                    failure_text(o).replace(" at event ", " at op ")
                 ))?;
             }
         }
