@@ -536,9 +536,9 @@ fn schedule_window(
     let labels = &a.attribution.labels;
     let step_of = |i: usize| labels[program.ops[reqs[i].op].0].pipe_step;
     let mut at: FxHashMap<u64, Vec<usize>> = FxHashMap::default();
-    for i in 0..reqs.len() {
+    for (i, r) in reqs.iter().enumerate() {
         if step_of(i) == 4 {
-            at.entry(reqs[i].token).or_default().push(i);
+            at.entry(r.token).or_default().push(i);
         }
     }
     let token_of = freed_tokens(program, reqs);
