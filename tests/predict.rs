@@ -298,6 +298,22 @@ fn bad_scale_arguments_are_one_line() {
         2,
         "predicted upwards only",
     );
+    // a file that is not a snapshot, or not there: one line naming it
+    let junk = std::env::temp_dir().join(format!(
+        "memsnap-predict-junk-{}.pickle",
+        std::process::id()
+    ));
+    fs::write(&junk, b"not a pickle").unwrap();
+    let o = memsnap(&[
+        "whatif",
+        "--scale",
+        &format!("{}=3", junk.display()),
+        &format!("{f}=16"),
+        "--to",
+        "32",
+    ]);
+    fs::remove_file(&junk).unwrap();
+    one_line_failure(&o, 1, "not a pickle");
     // two different programs do not align
     let other = sweep_file("sdpa", "sdpa_256");
     one_line_failure(

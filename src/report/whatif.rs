@@ -371,6 +371,16 @@ impl ScaleReport {
                     .to_string(),
             );
         }
+        if let Some(i) = order
+            .iter()
+            .find(|&&i| !samples[i].analysis.replay.ooms.is_empty())
+        {
+            assumptions.push(format!(
+                "the run at size {} ended in an out-of-memory error: only what it asked for \
+                 before the failed request is predicted",
+                samples[*i].size
+            ));
+        }
         let inputs = order
             .iter()
             .map(|&i| {

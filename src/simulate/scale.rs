@@ -1037,7 +1037,9 @@ fn build(
                 },
             )),
             Op::Free { .. } | Op::Complete { .. } => {}
-            Op::Fail { .. } if copy => {}
+            // the recorded run stopped there: at another size the program would have gone on,
+            // and what it asked for next is unknown
+            Op::Fail { .. } => {}
             other => placed.push((at, 1, other)),
         }
     }

@@ -474,7 +474,13 @@ pub fn write_scale(out: &mut dyn Write, r: &ScaleReport, markdown: bool) -> io::
                 )
             })
             .collect();
-        out.prose(&format!("{sub}requests: {}", parts.join(", ")))?;
+        if parts.is_empty() {
+            out.prose(&format!(
+                "{sub}requests: none in the trace (blocks from before it stay as they were)"
+            ))?;
+        } else {
+            out.prose(&format!("{sub}requests: {}", parts.join(", ")))?;
+        }
         if let Some(rep) = &s.repeat {
             out.prose(&format!(
                 "{sub}the stream grows by {:.1} requests per unit: a run of {} repeated to add {}{}",
