@@ -272,9 +272,12 @@ fn run_shell(line: &str, cwd: &Path) -> Result<String, String> {
     }
 }
 
-/// The README and every page of `docs/`.
+/// The README, the agent skill and every page of `docs/`.
 fn documents() -> Vec<PathBuf> {
-    let mut docs = vec![root().join("README.md")];
+    let mut docs = vec![
+        root().join("README.md"),
+        root().join("skills/memsnap/SKILL.md"),
+    ];
     let mut pages: Vec<PathBuf> = std::fs::read_dir(root().join("docs"))
         .unwrap()
         .map(|e| e.unwrap().path())

@@ -1,6 +1,7 @@
 //! End-to-end tests: they run the `memsnap` binary.
 
 mod attribution;
+mod capture;
 mod chart;
 mod compare;
 mod errors;

@@ -94,7 +94,9 @@ pub fn snapshots_under(dir: &Path) -> Vec<PathBuf> {
             let p = entry.unwrap().path();
             if p.is_dir() {
                 stack.push(p);
-            } else if p.to_string_lossy().contains(".pickle") {
+            } else if p.to_string_lossy().contains(".pickle")
+                && !p.to_string_lossy().ends_with(".probes.json")
+            {
                 out.push(p);
             }
         }

@@ -41,7 +41,22 @@ try:
 except Exception:  # not installed as a package (running from a source tree)
     __version__ = "unknown"
 
-__all__ = ["MemsnapError", "binary", "report", "oom", "timeline", "whatif", "predict", "compare", "run"]
+from .capture import Capture, lightning_callback, transformers_callback
+
+__all__ = [
+    "MemsnapError",
+    "binary",
+    "report",
+    "oom",
+    "timeline",
+    "whatif",
+    "predict",
+    "compare",
+    "run",
+    "Capture",
+    "lightning_callback",
+    "transformers_callback",
+]
 
 Snapshot = Union[str, "os.PathLike[str]", Dict[str, Any]]
 

@@ -84,6 +84,13 @@ def main():
     capped = memsnap.predict({sweep.format(64): 64}, to=128, cap="1GiB")
     check(capped["method"] == "categories" and capped["sizes"][0]["simulated"][0]["oom"], "predict(one file, cap=...)")
 
+    # capture costs nothing where it does not record: torch is never imported there
+    cap = memsnap.Capture(tempfile.mkdtemp(), ranks={3}, rank=0)
+    check(not cap.active and cap.probe("after init") is None, "Capture on another rank does nothing")
+    with cap.step(0):
+        pass
+    check("torch" not in sys.modules and cap.written == [], "Capture.step imports no torch there")
+
     try:
         memsnap.report(42)
         check(False, "a wrong type raises")

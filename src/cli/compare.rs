@@ -153,7 +153,10 @@ fn list_folder(
                 if recursive {
                     pending.push(p);
                 }
-            } else if p.is_file() && (is_snapshot_name(&p) || is_summary_name(&p)) {
+            } else if p.is_file()
+                && !memsnap::snapshot::probes::is_side_file(&p)
+                && (is_snapshot_name(&p) || is_summary_name(&p))
+            {
                 found.push(p);
             }
         }

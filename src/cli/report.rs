@@ -81,7 +81,15 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
             tally.complain(&e);
             continue;
         }
-        let rep = FileReport::new(&name, &snap, &devices);
+        let mut rep = FileReport::new(&name, &snap, &devices);
+        match memsnap::snapshot::probes::read(path) {
+            Ok(Some((_, probes))) => rep.probes = probes,
+            Ok(None) => {}
+            Err(why) => note!(
+                "memsnap: {}: probes beside it left out: {why}",
+                super::shown(path)
+            ),
+        }
         if args.json {
             report::json::write(&mut out, &rep)?;
         } else {

@@ -155,6 +155,10 @@ pub struct FileReport {
     pub allocator_settings: Option<String>,
     /// Devices with trace events, or with segments when no device has events.
     pub devices: Vec<DeviceReport>,
+    /// The device's memory at named points of the program (`memsnap.Capture` probes, from
+    /// `<snapshot>.probes.json`), with what was outside PyTorch at each; absent without them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub probes: Vec<crate::snapshot::probes::Probe>,
 }
 
 /// What the report reads off a device's events, in one pass over them.
@@ -305,6 +309,7 @@ impl FileReport {
                 .as_ref()
                 .map(|s| crate::simulate::AllocConf::from_settings(s).to_string()),
             devices: devices.iter().map(DeviceReport::new).collect(),
+            probes: Vec::new(),
         }
     }
 }

@@ -16,6 +16,7 @@
 mod build;
 mod compact;
 mod load;
+pub mod probes;
 #[cfg(unix)]
 mod split;
 mod stacks;

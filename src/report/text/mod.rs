@@ -161,6 +161,52 @@ fn wrap_parts(parts: &[String], width: usize) -> Vec<String> {
     lines
 }
 
+/// The probes of one device in words: what was outside PyTorch at the first, then how much each
+/// later one added, and the device's use beside PyTorch's reserved bytes at the last.
+fn probe_lines(report: &FileReport, device: u32) -> Vec<String> {
+    let probes: Vec<_> = report
+        .probes
+        .iter()
+        .filter(|p| p.device == device)
+        .collect();
+    let Some(first) = probes.first() else {
+        return Vec::new();
+    };
+    let mut parts = vec![format!(
+        "{} at \"{}\"",
+        units::bytes(first.outside_bytes),
+        units::printable(&first.name)
+    )];
+    let mut last = first.outside_bytes;
+    for p in &probes[1..] {
+        let (sign, delta) = if p.outside_bytes >= last {
+            ("+", p.outside_bytes - last)
+        } else {
+            ("-", last - p.outside_bytes)
+        };
+        parts.push(format!(
+            "{sign}{} at \"{}\"",
+            units::bytes(delta),
+            units::printable(&p.name)
+        ));
+        last = p.outside_bytes;
+    }
+    let end = probes.last().expect("one probe");
+    let mut lines = wrap_parts(&parts, 100);
+    if let Some(l) = lines.first_mut() {
+        *l = format!("outside PyTorch: {l}");
+    }
+    lines.push(format!(
+        "at \"{}\": device used {} of {}, PyTorch reserved {}, outside PyTorch {}",
+        units::printable(&end.name),
+        units::bytes(end.device_used_bytes),
+        units::bytes(end.device_total_bytes),
+        units::bytes(end.reserved_bytes),
+        units::bytes(end.outside_bytes)
+    ));
+    lines
+}
+
 fn status_line(d: &DeviceReport) -> Vec<String> {
     let mut parts = vec![format!(
         "{} over {}",
@@ -247,6 +293,9 @@ fn write_device(
         status.push(format!("allocator: {conf}"));
     }
     for line in wrap_parts(&status, 116) {
+        writeln!(out, "  {line}")?;
+    }
+    for line in probe_lines(report, d.device) {
         writeln!(out, "  {line}")?;
     }
     writeln!(out)?;
@@ -507,6 +556,9 @@ fn write_markdown_device(
         units::bytes(d.end_allocated_bytes),
         units::bytes(d.end_reserved_bytes)
     )?;
+    for line in probe_lines(report, d.device) {
+        writeln!(out, "- {line}")?;
+    }
     if let Some(top) = d.peak_breakdown.get("category").and_then(|c| c.first()) {
         writeln!(
             out,

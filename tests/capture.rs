@@ -1,0 +1,127 @@
+//! Snapshots written by `memsnap.Capture` inside real training programs
+//! (`testdata/snapshots/capture/`, `testdata/record/capture.py`): each program printed the
+//! device's memory right after each probe and PyTorch's peak for the recorded step.
+
+use std::fs;
+
+use crate::util::{ok, report_json, testdata};
+
+/// `(name, used, reserved)` of the `PROBE` lines, and `(max_memory_allocated,
+/// max_memory_reserved)` of the `PEAK` line, of a program's log.
+fn printed(kind: &str) -> (Vec<(String, u64, u64)>, Option<(u64, u64)>) {
+    let log = fs::read_to_string(testdata(&format!("snapshots/capture/{kind}/log.txt"))).unwrap();
+    let num = |line: &str, key: &str| -> u64 {
+        let at = line.find(&format!(" {key}=")).unwrap() + key.len() + 2;
+        line[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let probes = log
+        .lines()
+        .filter(|l| l.starts_with("PROBE "))
+        .map(|l| {
+            let name = l.split('\'').nth(1).unwrap().to_string();
+            (name, num(l, "used"), num(l, "reserved"))
+        })
+        .collect();
+    let peak = log.lines().find_map(|l| {
+        let at = l.find("PEAK ")?;
+        let l = &l[at..];
+        Some((
+            num(l, "max_memory_allocated"),
+            num(l, "max_memory_reserved"),
+        ))
+    });
+    (probes, peak)
+}
+
+fn snapshot(kind: &str, name: &str) -> std::path::PathBuf {
+    testdata(&format!("snapshots/capture/{kind}/{name}"))
+}
+
+/// In a plain loop, a Lightning Trainer, a transformers Trainer and on the one recorded rank
+/// of two: the snapshot of the recorded step peaks where PyTorch said, and every probe the
+/// report shows is what the program printed beside it.
+#[test]
+fn captured_steps_peak_where_pytorch_said_and_probes_are_the_device_s_figures() {
+    for (kind, file) in [
+        ("loop", "memory_snapshot_rank0_step1.pickle.xz"),
+        ("lightning", "memory_snapshot_rank0_step1.pickle.xz"),
+        ("hf", "memory_snapshot_rank0_step1.pickle.xz"),
+        ("ranks", "memory_snapshot_rank1_step0.pickle.xz"),
+    ] {
+        let (probes, peak) = printed(kind);
+        let v = report_json(snapshot(kind, file), &[]);
+        let d = &v["devices"][0];
+        let (allocated, reserved) = peak.unwrap();
+        assert_eq!(
+            d["peak_allocated_bytes"].as_u64(),
+            Some(allocated),
+            "{kind}"
+        );
+        assert_eq!(d["peak_reserved_bytes"].as_u64(), Some(reserved), "{kind}");
+        let shown = v["probes"].as_array().unwrap();
+        assert!(!shown.is_empty(), "{kind}: probes read");
+        for (name, used, reserved) in &probes {
+            let p = shown.iter().find(|p| p["name"] == name.as_str()).unwrap();
+            assert_eq!(
+                p["device_used_bytes"].as_u64(),
+                Some(*used),
+                "{kind} {name}"
+            );
+            assert_eq!(
+                p["reserved_bytes"].as_u64(),
+                Some(*reserved),
+                "{kind} {name}"
+            );
+            assert_eq!(
+                p["outside_bytes"].as_u64(),
+                Some(used - reserved),
+                "{kind} {name}"
+            );
+        }
+    }
+    // the text says what was outside PyTorch at each probe
+    let text = ok(&[
+        "report",
+        snapshot("ranks", "memory_snapshot_rank1_step0.pickle.xz")
+            .to_str()
+            .unwrap(),
+    ]);
+    assert!(
+        text.contains("outside PyTorch: 526.81 MiB at \"before init_process_group\" · +64.00 KiB at \"after init_process_group\""),
+        "{text}"
+    );
+}
+
+/// Only the chosen rank writes; an out-of-memory error inside the recorded step leaves its
+/// `_oom` snapshot, which `memsnap oom` explains with the request PyTorch refused.
+#[test]
+fn only_chosen_ranks_write_and_an_oom_leaves_its_snapshot() {
+    let log = fs::read_to_string(snapshot("ranks", "log.txt")).unwrap();
+    assert!(
+        log.contains("RANK 0 wrote 0") && log.contains("RANK 1 wrote 1"),
+        "{log}"
+    );
+    let files: Vec<String> = fs::read_dir(testdata("snapshots/capture/ranks"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".pickle"))
+        .collect();
+    assert!(files.iter().all(|n| n.contains("rank1")), "{files:?}");
+    let oom_log = fs::read_to_string(snapshot("oom", "log.txt")).unwrap();
+    assert!(oom_log.contains("FATAL CUDA out of memory. Tried to allocate 2.00 GiB."));
+    let text = ok(&[
+        "oom",
+        snapshot("oom", "memory_snapshot_rank0_step1_oom.pickle.xz")
+            .to_str()
+            .unwrap(),
+    ]);
+    assert!(
+        text.contains("OUT OF MEMORY at event 15: 2.00 GiB requested"),
+        "{text}"
+    );
+}
