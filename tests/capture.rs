@@ -6,9 +6,12 @@ use std::fs;
 
 use crate::util::{ok, report_json, testdata};
 
-/// `(name, used, reserved)` of the `PROBE` lines, and `(max_memory_allocated,
-/// max_memory_reserved)` of the `PEAK` line, of a program's log.
-fn printed(kind: &str) -> (Vec<(String, u64, u64)>, Option<(u64, u64)>) {
+/// `(name, used, reserved)` of a `PROBE` line.
+type Printed = (String, u64, u64);
+
+/// The `PROBE` lines, and `(max_memory_allocated, max_memory_reserved)` of the `PEAK` line, of
+/// a program's log.
+fn printed(kind: &str) -> (Vec<Printed>, Option<(u64, u64)>) {
     let log = fs::read_to_string(testdata(&format!("snapshots/capture/{kind}/log.txt"))).unwrap();
     let num = |line: &str, key: &str| -> u64 {
         let at = line.find(&format!(" {key}=")).unwrap() + key.len() + 2;
