@@ -229,42 +229,13 @@ pub fn run_whatif(args: WhatIfArgs) -> Result<(), Failure> {
         return run_scale(args);
     }
     let limits = args.limits.limits()?;
-    let asked = args.tries.len() + usize::from(args.alloc_conf.is_some());
-    if asked > MAX_CONFS {
-        return Err(Failure::Usage(UsageError::TooMany {
-            option: "--try",
-            given: asked,
-            most: MAX_CONFS,
-        }));
-    }
-    let mut confs = Vec::new();
-    if let Some(c) = &args.alloc_conf {
-        confs.push(parse_conf("--alloc-conf", c)?);
-    }
-    for t in &args.tries {
-        confs.push(parse_conf("--try", t)?);
-    }
+    let confs = settings(&args)?;
     let options = args.input.analysis()?;
     let build = |path: &Path, snap: &memsnap::snapshot::Snapshot| {
         let analyses = devices(snap, path, &limits, &options)?;
         let devices = analyses
             .iter()
-            .map(|a| {
-                let mut confs = confs.clone();
-                if args.alloc_conf.is_none() && !confs.is_empty() {
-                    // the recorded settings first, then each one tried
-                    let recorded = whatif::recorded_conf(a, limits.recorded_conf.as_ref()).0;
-                    confs.insert(0, recorded);
-                }
-                let options = WhatIfOptions {
-                    confs,
-                    cap: limits.cap,
-                    device_total: limits.device_total,
-                    recorded_conf: limits.recorded_conf.clone(),
-                    min_cap: args.min_cap,
-                };
-                DeviceWhatIf::new(a, &options)
-            })
+            .map(|a| DeviceWhatIf::new(a, &what_if_options(&args, &limits, &confs, a)))
             .collect();
         Ok(WhatIfReport {
             file: path.display().to_string(),
@@ -280,6 +251,47 @@ pub fn run_whatif(args: WhatIfArgs) -> Result<(), Failure> {
             text::whatif::write_whatif(out, r, markdown)
         }
     })
+}
+
+/// The settings of `--alloc-conf` and each `--try`, in order.
+fn settings(args: &WhatIfArgs) -> Result<Vec<AllocConf>, Failure> {
+    let asked = args.tries.len() + usize::from(args.alloc_conf.is_some());
+    if asked > MAX_CONFS {
+        return Err(Failure::Usage(UsageError::TooMany {
+            option: "--try",
+            given: asked,
+            most: MAX_CONFS,
+        }));
+    }
+    let mut confs = Vec::new();
+    if let Some(c) = &args.alloc_conf {
+        confs.push(parse_conf("--alloc-conf", c)?);
+    }
+    for t in &args.tries {
+        confs.push(parse_conf("--try", t)?);
+    }
+    Ok(confs)
+}
+
+/// What to simulate for the device `a`: the settings given, with the recorded ones first when
+/// only `--try` rows were asked for.
+fn what_if_options(
+    args: &WhatIfArgs,
+    limits: &Limits,
+    confs: &[AllocConf],
+    a: &DeviceAnalysis,
+) -> WhatIfOptions {
+    let mut confs = confs.to_vec();
+    if args.alloc_conf.is_none() && !confs.is_empty() {
+        confs.insert(0, whatif::recorded_conf(a, limits.recorded_conf.as_ref()).0);
+    }
+    WhatIfOptions {
+        confs,
+        cap: limits.cap,
+        device_total: limits.device_total,
+        recorded_conf: limits.recorded_conf.clone(),
+        min_cap: args.min_cap,
+    }
 }
 
 /// The most snapshots `--scale` reads.
@@ -347,16 +359,7 @@ fn run_scale(args: WhatIfArgs) -> Result<(), Failure> {
             }));
         }
     }
-    let mut confs = Vec::new();
-    if let Some(c) = &args.alloc_conf {
-        confs.push(parse_conf("--alloc-conf", c)?);
-    }
-    for t in &args.tries {
-        confs.push(parse_conf("--try", t)?);
-    }
-    if confs.len() > MAX_CONFS {
-        return Err(too_many("--try", confs.len(), MAX_CONFS));
-    }
+    let confs = settings(&args)?;
     let options = args.input.analysis()?;
     let snaps = inputs
         .iter()
@@ -384,17 +387,7 @@ fn run_scale(args: WhatIfArgs) -> Result<(), Failure> {
             analysis: a,
         })
         .collect();
-    let recorded = whatif::recorded_conf(&analyses[0], limits.recorded_conf.as_ref()).0;
-    if args.alloc_conf.is_none() && !confs.is_empty() {
-        confs.insert(0, recorded);
-    }
-    let what = WhatIfOptions {
-        confs,
-        cap: limits.cap,
-        device_total: limits.device_total,
-        recorded_conf: limits.recorded_conf.clone(),
-        min_cap: args.min_cap,
-    };
+    let what = what_if_options(&args, &limits, &confs, &analyses[0]);
     let report = ScaleReport::new(&samples, &args.to, &what).map_err(|e| {
         Failure::Usage(UsageError::BadValue {
             option: "--scale",

@@ -321,17 +321,11 @@ impl ScaleReport {
                 let held = *order.last().expect("one sample");
                 let rest: Vec<Sample> = order[..order.len() - 1].iter().map(|&i| of(i)).collect();
                 let (_, scaled) = scale::scale(&rest, &[samples[held].size]).ok()?;
-                let s = scaled.into_iter().next()?;
-                let base = order[s.base];
-                let a = samples[base].analysis;
-                let (base_conf, _) = recorded_conf(a, options.recorded_conf.as_ref());
-                let o = Options {
-                    conf: base_conf.clone(),
-                    cap: None,
-                    device_total: options.device_total,
-                    recorded_addresses: false,
-                };
-                let out = simulate::simulate(a.snap, &a.replay, &s.program, &base_conf, &o);
+                let mut s = scaled.into_iter().next()?;
+                s.base = order[s.base]; // an index into `rest`, which is `order` less the last
+                let (base_conf, _) =
+                    recorded_conf(samples[s.base].analysis, options.recorded_conf.as_ref());
+                let out = run(&s, &base_conf, None).0;
                 let h = &samples[held].analysis.replay.peaks;
                 Some(ScaleCheck {
                     size: samples[held].size,

@@ -42,17 +42,7 @@ fn write_device(out: &mut Out, file: &str, d: &DeviceWhatIf) -> io::Result<()> {
     )?;
     writeln!(out, "  {}", self_check_line(&d.self_check))?;
     let with_min_cap = d.simulated.iter().any(|s| s.min_cap_bytes.is_some());
-    let mut header = vec![
-        "settings",
-        "cap",
-        "peak allocated",
-        "peak reserved",
-        "fragmentation",
-        "outcome",
-    ];
-    if with_min_cap {
-        header.insert(5, "smallest cap");
-    }
+    let header = scenario_header(with_min_cap);
     let mut t = table(&header);
     if let Some(c) = t.column_mut(header.len() - 1) {
         c.set_cell_alignment(CellAlignment::Left);
@@ -93,6 +83,22 @@ fn write_device(out: &mut Out, file: &str, d: &DeviceWhatIf) -> io::Result<()> {
         }
     }
     writeln!(out)
+}
+
+/// The columns of a simulated setting's row ([`scenario_row`]).
+fn scenario_header(with_min_cap: bool) -> Vec<&'static str> {
+    let mut header = vec![
+        "settings",
+        "cap",
+        "peak allocated",
+        "peak reserved",
+        "fragmentation",
+        "outcome",
+    ];
+    if with_min_cap {
+        header.insert(5, "smallest cap");
+    }
+    header
 }
 
 /// A simulated failure in words.
@@ -363,19 +369,8 @@ pub fn write_scale(out: &mut dyn Write, r: &ScaleReport, markdown: bool) -> io::
         .sizes
         .iter()
         .any(|s| s.simulated.iter().any(|x| x.min_cap_bytes.is_some()));
-    let mut header = vec![
-        "size",
-        "from",
-        "settings",
-        "cap",
-        "peak allocated",
-        "peak reserved",
-        "fragmentation",
-        "outcome",
-    ];
-    if with_min_cap {
-        header.insert(7, "smallest cap");
-    }
+    let mut header = vec!["size", "from"];
+    header.extend(scenario_header(with_min_cap));
     let mut t = table(&header);
     for c in [1, 2, header.len() - 1] {
         if let Some(c) = t.column_mut(c) {
