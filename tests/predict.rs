@@ -367,3 +367,20 @@ fn every_larger_size_from_the_two_smallest() {
         }
     }
 }
+
+/// At a size that was recorded, the prediction is the recorded run: every request at its own
+/// bytes, through the allocator model that reproduces the run, to the byte.
+#[test]
+fn at_a_recorded_size_the_prediction_is_the_recorded_run() {
+    let v = predict("cnn", &[16, 32], 16, &[]);
+    let log = sweep_log("cnn", "cnn_16");
+    let s = first_scenario(&v);
+    assert_eq!(
+        s["peak_allocated_bytes"].as_u64(),
+        figure(&log, "PEAK", "max_memory_allocated")
+    );
+    assert_eq!(
+        s["peak_reserved_bytes"].as_u64(),
+        figure(&log, "PEAK", "max_memory_reserved")
+    );
+}
