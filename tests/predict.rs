@@ -298,6 +298,19 @@ fn bad_scale_arguments_are_one_line() {
         2,
         "predicted upwards only",
     );
+    // a size that would repeat the loop past what a prediction holds
+    one_line_failure(
+        &memsnap(&[
+            "whatif",
+            "--scale",
+            &format!("{a}=6"),
+            &format!("{b}=8"),
+            "--to",
+            "100000000",
+        ]),
+        2,
+        "predict a nearer size",
+    );
     // a file that is not a snapshot, or not there: one line naming it
     let junk = std::env::temp_dir().join(format!(
         "memsnap-predict-junk-{}.pickle",

@@ -38,7 +38,7 @@ use similar::{capture_diff_slices_deadline, Algorithm, DiffOp};
 use super::program::{Op, Program};
 use crate::analysis::DeviceAnalysis;
 use crate::attribute::category::Category;
-use crate::snapshot::StackId;
+use crate::snapshot::{StackId, MAX_REAL_SIZE};
 
 /// How long the alignment of two request streams may take before the diff settles for a
 /// coarser answer.
@@ -52,6 +52,10 @@ const GROWING_STREAM: f64 = 0.25;
 /// or which warm-up of a loop made it (`step` at one line for the first iteration and another
 /// for the rest), which the repetition of a growing stream must not tell apart.
 const SITE_FRAMES: usize = 5;
+
+/// The most ops a growing stream may gain: the predicted program is held in memory, and its
+/// request ids are 32-bit.
+const MAX_ADDED_OPS: usize = 50_000_000;
 
 /// One snapshot of the program at a known value of the size parameter.
 pub struct Sample<'a, 's> {
@@ -116,14 +120,15 @@ impl Fit {
         }
     }
 
-    /// The predicted bytes at `u` (at least one byte: a request does not vanish).
+    /// The predicted bytes at `u`: at least one byte (a request does not vanish), at most
+    /// the largest size a device could hold (beyond it the allocator refuses the request).
     pub fn at(&self, u: f64) -> u64 {
         let [c0, c1, c2] = self.coef;
         let v = c0 + c1 * u + c2 * u * u;
-        if v.is_finite() && v >= 1.0 {
-            v.round().min(u64::MAX as f64) as u64
-        } else {
+        if v.is_nan() || v < 1.0 {
             1
+        } else {
+            v.round().min(MAX_REAL_SIZE as f64) as u64
         }
     }
 }
@@ -283,6 +288,19 @@ pub enum ScaleError {
         largest: u64,
         /// Requests per unit.
         per_unit: f64,
+    },
+    /// The size asked for would repeat the loop more than memory allows.
+    #[error(
+        "size {target} repeats the loop into {ops} more ops, past the {most} a prediction \
+         holds: predict a nearer size"
+    )]
+    TooLarge {
+        /// The size asked for.
+        target: u64,
+        /// Ops it would add.
+        ops: u128,
+        /// The most allowed.
+        most: usize,
     },
     /// One pipeline rank whose main loop ran too few iterations to repeat one.
     #[error(
@@ -846,6 +864,18 @@ pub fn scale(samples: &[Sample], targets: &[u64]) -> Result<(Method, Vec<Scaled>
                 (window, copies, per_unit)
             }),
         };
+        if let Some((Some(w), copies, _)) = repeat_plan {
+            let n_ops = programs[base].ops.len();
+            let end = reqs[base].get(w.end).map_or(n_ops, |r| r.op);
+            let ops = (end - reqs[base][w.first].op) as u128 * copies as u128;
+            if ops > MAX_ADDED_OPS as u128 {
+                return Err(ScaleError::TooLarge {
+                    target,
+                    ops,
+                    most: MAX_ADDED_OPS,
+                });
+            }
+        }
         let built = build(
             &programs[base],
             &reqs[base],
@@ -927,8 +957,8 @@ fn groups(
     for &i in live.values() {
         let f = &fits[i];
         if let Some(g) = by.get_mut(&f.growth) {
-            g.bytes_at_base_peak += reqs[i].bytes;
-            g.bytes_at_target += f.at(u);
+            g.bytes_at_base_peak = g.bytes_at_base_peak.saturating_add(reqs[i].bytes);
+            g.bytes_at_target = g.bytes_at_target.saturating_add(f.at(u));
         }
     }
     by.into_values().collect()
