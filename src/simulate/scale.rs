@@ -148,14 +148,19 @@ pub fn fit(points: &[(u64, u64)], scale: f64, strict: bool) -> Fit {
         return Fit::constant(base, Growth::Constant, true);
     }
     let u = |x: u64| x as f64 / scale;
-    if all(&|x, s| s * x0 == s0 * x) {
+    if all(&|x, s| {
+        s.checked_mul(x0)
+            .is_some_and(|l| Some(l) == s0.checked_mul(x))
+    }) {
         return Fit {
             growth: Growth::Proportional,
             verified: true,
             coef: [0.0, s0 as f64 / u(points[0].0), 0.0],
         };
     }
-    if all(&|x, s| s * x0 * x0 == s0 * x * x) {
+    // (the products may pass i128 for sizes near 2^64: then the form does not fit)
+    let product = |a: i128, b: i128, c: i128| a.checked_mul(b).and_then(|p| p.checked_mul(c));
+    if all(&|x, s| product(s, x0, x0).is_some_and(|l| Some(l) == product(s0, x, x))) {
         let u0 = u(points[0].0);
         return Fit {
             growth: Growth::Square,
@@ -164,7 +169,10 @@ pub fn fit(points: &[(u64, u64)], scale: f64, strict: bool) -> Fit {
         };
     }
     let (x1, s1) = (points[1].0 as i128, points[1].1 as i128);
-    if all(&|x, s| (s - s0) * (x1 - x0) == (s1 - s0) * (x - x0)) {
+    if all(&|x, s| {
+        let left = (s - s0).checked_mul(x1 - x0);
+        left.is_some() && left == (s1 - s0).checked_mul(x - x0)
+    }) {
         let (u0, u1) = (u(points[0].0), u(points[1].0));
         let c1 = (s1 - s0) as f64 / (u1 - u0);
         let line = Fit {
@@ -1151,6 +1159,41 @@ mod tests {
             false,
         );
         assert_eq!(g.at(4096.0 / 2048.0), big(4096));
+    }
+
+    #[test]
+    fn sizes_near_two_to_the_64_do_not_overflow() {
+        let big = u64::MAX - 1;
+        let p = f(&[(big, 1 << 47), (big / 2, 1 << 46), (3, 5)], false);
+        assert!(p.at(1.0) >= 1);
+        let q = f(&[(big, 1 << 47), (1, 1 << 40)], true);
+        assert_eq!(q.growth, Growth::Inexact);
+    }
+
+    #[test]
+    fn any_points_give_a_fit_without_panic() {
+        // a small linear congruential generator: every kind of size and byte count
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            state >> (state % 60)
+        };
+        for _ in 0..20_000 {
+            let n = 1 + (next() % 5) as usize;
+            let mut points: Vec<(u64, u64)> = Vec::new();
+            while points.len() < n {
+                let x = next().max(1);
+                if points.iter().all(|p| p.0 != x) {
+                    points.push((x, next() % (1 << 48)));
+                }
+            }
+            let scale = points.iter().map(|p| p.0).max().unwrap() as f64;
+            let fitted = fit(&points, scale, next() % 2 == 0);
+            let at = fitted.at(next() as f64 / scale);
+            assert!((1..=MAX_REAL_SIZE).contains(&at));
+        }
     }
 
     #[test]
