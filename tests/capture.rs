@@ -10,9 +10,15 @@ use crate::util::{ok, report_json, testdata};
 type Printed = (String, u64, u64);
 
 /// The `PROBE` lines, and `(max_memory_allocated, max_memory_reserved)` of the `PEAK` line, of
-/// a program's log.
-fn printed(kind: &str) -> (Vec<Printed>, Option<(u64, u64)>) {
+/// a program's log (of one rank's lines, `[rank=R] ...`, when `rank` is given).
+fn printed(kind: &str, rank: Option<u32>) -> (Vec<Printed>, Option<(u64, u64)>) {
     let log = fs::read_to_string(testdata(&format!("snapshots/capture/{kind}/log.txt"))).unwrap();
+    let prefix = rank.map_or(String::new(), |r| format!("[rank={r}] "));
+    let log: String = log
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix.as_str()))
+        .map(|l| format!("{l}\n"))
+        .collect();
     let num = |line: &str, key: &str| -> u64 {
         let at = line.find(&format!(" {key}=")).unwrap() + key.len() + 2;
         line[at..]
@@ -45,18 +51,20 @@ fn snapshot(kind: &str, name: &str) -> std::path::PathBuf {
     testdata(&format!("snapshots/capture/{kind}/{name}"))
 }
 
-/// In a plain loop, a Lightning Trainer, a transformers Trainer and on the one recorded rank
-/// of two: the snapshot of the recorded step peaks where PyTorch said, and every probe the
+/// In a plain loop, a Lightning Trainer, a transformers Trainer, on the one recorded rank of
+/// two, and on both ranks of a DualPipeV pipeline (two processes on one GPU): the snapshot of the recorded step peaks where PyTorch said, and every probe the
 /// report shows is what the program printed beside it.
 #[test]
 fn captured_steps_peak_where_pytorch_said_and_probes_are_the_device_s_figures() {
-    for (kind, file) in [
-        ("loop", "memory_snapshot_rank0_step1.pickle.xz"),
-        ("lightning", "memory_snapshot_rank0_step1.pickle.xz"),
-        ("hf", "memory_snapshot_rank0_step1.pickle.xz"),
-        ("ranks", "memory_snapshot_rank1_step0.pickle.xz"),
+    for (kind, file, rank) in [
+        ("loop", "memory_snapshot_rank0_step1.pickle.xz", None),
+        ("lightning", "memory_snapshot_rank0_step1.pickle.xz", None),
+        ("hf", "memory_snapshot_rank0_step1.pickle.xz", None),
+        ("ranks", "memory_snapshot_rank1_step0.pickle.xz", None),
+        ("pipeline", "memory_snapshot_rank0_step0.pickle.xz", Some(0)),
+        ("pipeline", "memory_snapshot_rank1_step0.pickle.xz", Some(1)),
     ] {
-        let (probes, peak) = printed(kind);
+        let (probes, peak) = printed(kind, rank);
         let v = report_json(snapshot(kind, file), &[]);
         let d = &v["devices"][0];
         let (allocated, reserved) = peak.unwrap();
@@ -87,6 +95,13 @@ fn captured_steps_peak_where_pytorch_said_and_probes_are_the_device_s_figures() 
             );
         }
     }
+    // the pipeline's ranks are read as such: pipeline steps, with the probes beside them
+    let v = report_json(
+        snapshot("pipeline", "memory_snapshot_rank1_step0.pickle.xz"),
+        &[],
+    );
+    assert_eq!(v["devices"][0]["attribution"]["preset"], "pithtrain");
+    assert_eq!(v["probes"].as_array().unwrap().len(), 4);
     // the text says what was outside PyTorch at each probe
     let text = ok(&[
         "report",
