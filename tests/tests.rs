@@ -9,6 +9,7 @@ mod export;
 mod flamegraph;
 mod golden;
 mod hostile;
+mod mcp;
 mod outputs;
 mod predict;
 mod programs;

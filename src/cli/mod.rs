@@ -13,6 +13,7 @@ macro_rules! note {
 mod compare;
 mod export;
 mod flamegraph;
+mod mcp;
 mod report;
 mod summaries;
 mod timeline;
@@ -76,6 +77,9 @@ enum Command {
     Export(export::ExportArgs),
     /// Cut a snapshot down to a window of its trace (around the peak, or between two moments).
     Trim(trim::TrimArgs),
+    /// Serve the analyses as tools of a Model Context Protocol server on standard input and
+    /// output, for coding agents.
+    Mcp(mcp::McpArgs),
     /// Print a shell completion script (bash, zsh, fish, powershell, elvish).
     #[command(
         after_help = "Example:\n  memsnap completions bash > ~/.local/share/bash-completion/completions/memsnap"
@@ -336,6 +340,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Flamegraph(args) => flamegraph::run(args),
         Command::Trim(args) => trim::run(args),
         Command::Export(args) => export::run(args),
+        Command::Mcp(args) => mcp::run(args),
         Command::Completions { shell } => completions(shell),
     })
 }
@@ -453,6 +458,7 @@ fn note_inputs(command: &Command) {
         Command::Flamegraph(a) => (vec![a.file.as_path()], Some(&a.input)),
         Command::Export(a) => (vec![a.file.as_path()], Some(&a.input)),
         Command::Trim(a) => (vec![a.file.as_path()], None),
+        Command::Mcp(a) => (Vec::new(), Some(&a.input)),
         Command::Completions { .. } => (Vec::new(), None),
     };
     for f in files {
