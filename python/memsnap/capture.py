@@ -24,6 +24,11 @@ The rank comes from the environment (``RANK``, then ``SLURM_PROCID``, else 0), s
 taken before the process group exists. torch is imported when recording starts, never at
 ``import memsnap``. ``lightning_callback(cap)`` and ``transformers_callback(cap)`` give the same
 thing for loops that are not yours.
+
+The module also keeps one default capture, for code that cannot pass one around:
+``memsnap.capture.configure("snapshots", ranks={0})`` once, then
+``memsnap.capture.probe("after init_process_group")`` and ``with memsnap.capture.step(s):``
+anywhere (``configure()`` with no arguments is implied: the current folder, rank 0's step 0).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Dict, Iterable, Iterator, List, Optional
 
-__all__ = ["Capture", "lightning_callback", "transformers_callback"]
+__all__ = ["Capture", "configure", "probe", "step", "lightning_callback", "transformers_callback"]
 
 
 def _env_rank() -> int:
@@ -251,3 +256,27 @@ def transformers_callback(cap: Capture):
                 opened.__exit__(None, None, None)
 
     return MemsnapCallback()
+
+
+_default: Optional[Capture] = None
+
+
+def configure(out_dir: str = ".", **options: Any) -> Capture:
+    """Sets the module's default capture (arguments as :class:`Capture`) and returns it."""
+    global _default
+    _default = Capture(out_dir, **options)
+    return _default
+
+
+def _the_default() -> Capture:
+    return _default if _default is not None else configure()
+
+
+def probe(name: str) -> Optional[Dict[str, Any]]:
+    """:meth:`Capture.probe` of the default capture."""
+    return _the_default().probe(name)
+
+
+def step(number: int):
+    """:meth:`Capture.step` of the default capture."""
+    return _the_default().step(number)

@@ -90,6 +90,9 @@ def main():
     with cap.step(0):
         pass
     check("torch" not in sys.modules and cap.written == [], "Capture.step imports no torch there")
+    memsnap.capture.configure(tempfile.mkdtemp(), ranks={3}, rank=0)
+    with memsnap.capture.step(0):
+        check(memsnap.capture.probe("x") is None, "memsnap.capture.probe on the default capture")
 
     try:
         memsnap.report(42)
