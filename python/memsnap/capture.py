@@ -11,8 +11,9 @@
 On the ranks and steps chosen, memory history is recorded from the first chosen step (peak
 statistics reset there) to the end of the last, and the snapshot is written to
 ``<dir>/memory_snapshot_rank<R>_step<S>.pickle`` (``S`` the last step recorded), through a
-temporary file renamed into place. A ``torch.OutOfMemoryError`` inside a recorded step (or a
-step after the first recorded one) writes ``..._oom.pickle`` first, then is raised again.
+temporary file renamed into place. An out-of-memory error while recording writes
+``..._oom.pickle`` (through the allocator's out-of-memory observer, so also inside a loop that
+is not yours), and a ``torch.OutOfMemoryError`` inside ``step()`` is raised again.
 Elsewhere ``step()`` does nothing.
 
 ``probe(name)`` notes the device's memory at a named point (``torch.cuda.mem_get_info``) beside
@@ -96,6 +97,9 @@ class Capture:
         self.written: List[str] = []
         self._recording = False
         self._done = False
+        self._current: Optional[int] = None
+        self._oom_dumped = False
+        self._observing = False
 
     @property
     def active(self) -> bool:
@@ -137,6 +141,18 @@ class Capture:
         )
         torch.cuda.reset_peak_memory_stats()
         self._recording = True
+        # the allocator tells its observers of every failed request before raising: an
+        # out-of-memory error is dumped even where no `with` sees it (a Trainer's own loop)
+        attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+        if attach is not None and not self._observing:
+            attach(self._on_oom)
+            self._observing = True
+
+    def _on_oom(self, device, alloc, device_allocated, device_free) -> None:
+        if self._recording and self._current is not None:
+            # each failure writes over the last: the file holds the one that raised
+            self._dump(self._current, oom=True)
+            self._oom_dumped = True
 
     def _dump(self, step: int, oom: bool) -> str:
         import torch
@@ -168,13 +184,15 @@ class Capture:
         if not self._recording:
             yield
             return
+        self._current = step
         try:
             yield
         except BaseException as error:
             import torch
 
             if isinstance(error, torch.OutOfMemoryError):
-                self._dump(step, oom=True)
+                if not self._oom_dumped:
+                    self._dump(step, oom=True)
                 self._stop()
                 self._done = True
             raise

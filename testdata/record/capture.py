@@ -10,6 +10,9 @@ for the recorded step, the out-of-memory message).
                 step 1
     ranks       two processes under torchrun (gloo process group), ranks={1}: only rank 1
                 writes, with a probe after init_process_group
+    lightning_oom, hf_oom
+                the Lightning and transformers programs asking for 200 GiB in step 1: the
+                _oom snapshot written by the allocator's out-of-memory observer
 
 Prints, with exact bytes:
     PROBE name=... used=N reserved=N total=N      (mem_get_info and memory_reserved right after
@@ -18,7 +21,7 @@ Prints, with exact bytes:
     FATAL <the OutOfMemoryError message on one line>
     WROTE <path>                                  (each file Capture wrote)
 
-Usage: python3 capture.py OUT_DIR loop|oom|lightning|hf|ranks
+Usage: python3 capture.py OUT_DIR loop|oom|lightning|hf|ranks|lightning_oom|hf_oom
 """
 
 import os
@@ -84,7 +87,7 @@ def loop(out, cap_bytes=None):
         print(f"WROTE {path}", flush=True)
 
 
-def lightning(out):
+def lightning(out, oom=False):
     import lightning.pytorch as pl
 
     cap = memsnap.Capture(out, steps=range(1, 2))
@@ -97,6 +100,8 @@ def lightning(out):
             )
 
         def training_step(self, batch, batch_idx):
+            if oom and self.trainer.global_step == 1:
+                torch.empty(200 << 30, dtype=torch.uint8, device=DEV)
             return self.net(batch).square().mean()
 
         def configure_optimizers(self):
@@ -114,12 +119,15 @@ def lightning(out):
         callbacks=[memsnap.lightning_callback(cap), Peak()],
         default_root_dir=tempfile.mkdtemp(),
     )
-    trainer.fit(Module(), data)
+    try:
+        trainer.fit(Module(), data)
+    except torch.OutOfMemoryError as e:
+        print("FATAL " + str(e).replace("\n", " "), flush=True)
     for path in cap.written:
         print(f"WROTE {path}", flush=True)
 
 
-def hf(out):
+def hf(out, oom=False):
     import transformers as tf
 
     cap = memsnap.Capture(out, steps=range(1, 2))
@@ -140,11 +148,20 @@ def hf(out):
         output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4, gradient_accumulation_steps=2,
         max_steps=3, report_to=[], save_strategy="no", logging_strategy="no",
     )
-    trainer = tf.Trainer(
+    class Big(tf.Trainer):
+        def compute_loss(self, model, inputs, *a, **k):
+            if oom and self.state.global_step == 1:
+                torch.empty(200 << 30, dtype=torch.uint8, device=DEV)
+            return super().compute_loss(model, inputs, *a, **k)
+
+    trainer = Big(
         model=model, args=args, train_dataset=data,
         callbacks=[memsnap.transformers_callback(cap), Peak()],
     )
-    trainer.train()
+    try:
+        trainer.train()
+    except torch.OutOfMemoryError as e:
+        print("FATAL " + str(e).replace("\n", " "), flush=True)
     for path in cap.written:
         print(f"WROTE {path}", flush=True)
 
@@ -186,5 +203,9 @@ if __name__ == "__main__":
         lightning(out)
     elif kind == "hf":
         hf(out)
+    elif kind == "lightning_oom":
+        lightning(out, oom=True)
+    elif kind == "hf_oom":
+        hf(out, oom=True)
     else:
         ranks(out)

@@ -9,9 +9,9 @@ SNAPGEN=$(cd "$1" && pwd); OUT=$(mkdir -p "$2" && cd "$2" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 C=$OUT/capture; mkdir -p $C
-KINDS=${KINDS:-loop oom lightning hf ranks pipeline}
+KINDS=${KINDS:-loop oom lightning hf lightning_oom hf_oom ranks pipeline}
 has() { [[ " $KINDS " == *" $1 "* ]]; }
-for kind in loop oom lightning hf; do
+for kind in loop oom lightning hf lightning_oom hf_oom; do
   has $kind || continue
   mkdir -p $C/$kind
   timeout 300 python3 "$HERE/capture.py" $C/$kind $kind > $C/$kind/log.txt 2>&1
