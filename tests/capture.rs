@@ -130,26 +130,42 @@ fn only_chosen_ranks_write_and_an_oom_leaves_its_snapshot() {
         .filter(|n| n.contains(".pickle"))
         .collect();
     assert!(files.iter().all(|n| n.contains("rank1")), "{files:?}");
-    // in a plain loop, and inside a Lightning and a transformers Trainer (whose loops no `with`
-    // of ours surrounds: the allocator's out-of-memory observer writes the snapshot), the
+    // in a plain loop, inside a Lightning and a transformers Trainer (whose loops no `with` of
+    // ours surrounds: the allocator's out-of-memory observer writes the snapshot) and in rank 0
+    // of a DualPipeV pipeline under a 1.5 GiB cap, the
     // `_oom` snapshot is the failure that raised: memsnap rebuilds PyTorch's own figures
-    for (kind, asked) in [
-        ("oom", "2.00 GiB"),
-        ("lightning_oom", "200.00 GiB"),
-        ("hf_oom", "200.00 GiB"),
+    for (kind, file, asked) in [
+        (
+            "oom",
+            "memory_snapshot_rank0_step1_oom.pickle.xz",
+            "2.00 GiB",
+        ),
+        (
+            "lightning_oom",
+            "memory_snapshot_rank0_step1_oom.pickle.xz",
+            "200.00 GiB",
+        ),
+        (
+            "hf_oom",
+            "memory_snapshot_rank0_step1_oom.pickle.xz",
+            "200.00 GiB",
+        ),
+        (
+            "pipeline_oom",
+            "memory_snapshot_rank0_step0_oom.pickle.xz",
+            "250.00 MiB",
+        ),
     ] {
         let log = fs::read_to_string(snapshot(kind, "log.txt")).unwrap();
-        let fatal = log.lines().find_map(|l| l.split("FATAL ").nth(1)).unwrap();
+        let fatal = log
+            .lines()
+            .find_map(|l| l.split("CUDA out of memory. ").nth(1))
+            .unwrap();
         assert!(
             fatal.contains(&format!("Tried to allocate {asked}.")),
             "{kind}: {fatal}"
         );
-        let text = ok(&[
-            "oom",
-            snapshot(kind, "memory_snapshot_rank0_step1_oom.pickle.xz")
-                .to_str()
-                .unwrap(),
-        ]);
+        let text = ok(&["oom", snapshot(kind, file).to_str().unwrap()]);
         assert!(
             text.contains(&format!("{asked} requested")),
             "{kind}: {text}"
