@@ -363,20 +363,18 @@ fn every_larger_size_from_the_two_smallest() {
             let p = &v["sizes"][k];
             assert_eq!(p["size"], size);
             let log = sweep_log(lane, &format!("{lane}_{size}"));
-            let s = &p["simulated"][0];
             let what = format!("{lane} {size} from {sizes:?}");
-            within(
-                s["peak_allocated_bytes"].as_u64().unwrap(),
-                figure(&log, "PEAK", "max_memory_allocated").unwrap(),
-                0.02,
-                &what,
-            );
-            within(
-                s["peak_reserved_bytes"].as_u64().unwrap(),
-                figure(&log, "PEAK", "max_memory_reserved").unwrap(),
-                0.02,
-                &what,
-            );
+            for (key, printed) in [
+                ("peak_allocated_bytes", "max_memory_allocated"),
+                ("peak_reserved_bytes", "max_memory_reserved"),
+            ] {
+                within(
+                    p["simulated"][0][key].as_u64().unwrap(),
+                    figure(&log, "PEAK", printed).unwrap(),
+                    0.02,
+                    &what,
+                );
+            }
         }
     }
 }
