@@ -283,34 +283,20 @@ fn bad_scale_arguments_are_one_line() {
         2,
         "each size once",
     );
-    // a growing stream is predicted upwards only
+    // a growing stream is predicted upwards only, and no further than a prediction holds
     let a = sweep_file("pipe", "rank1_pp2n6_step0");
     let b = sweep_file("pipe", "rank1_pp2n8_step0");
-    one_line_failure(
-        &memsnap(&[
-            "whatif",
-            "--scale",
-            &format!("{a}=6"),
-            &format!("{b}=8"),
-            "--to",
-            "4",
-        ]),
-        2,
-        "predicted upwards only",
-    );
-    // a size that would repeat the loop past what a prediction holds
-    one_line_failure(
-        &memsnap(&[
-            "whatif",
-            "--scale",
-            &format!("{a}=6"),
-            &format!("{b}=8"),
-            "--to",
-            "100000000",
-        ]),
-        2,
-        "predict a nearer size",
-    );
+    for (to, says) in [
+        ("4", "predicted upwards only"),
+        ("100000000", "predict a nearer size"),
+    ] {
+        let (a, b) = (format!("{a}=6"), format!("{b}=8"));
+        one_line_failure(
+            &memsnap(&["whatif", "--scale", &a, &b, "--to", to]),
+            2,
+            says,
+        );
+    }
     // a file that is not a snapshot, or not there: one line naming it
     let junk = std::env::temp_dir().join(format!(
         "memsnap-predict-junk-{}.pickle",

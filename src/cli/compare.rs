@@ -67,7 +67,7 @@ fn is_snapshot_name(p: &Path) -> bool {
 /// lists each file once however many paths reach it, and skips a folder it cannot read with a
 /// note. Report summaries (`.jsonl`) met in folders beside snapshots are left out, with a note:
 /// a folder of ranks often holds the summaries of an earlier run.
-fn expand(inputs: &[PathBuf], recursive: bool) -> (Vec<PathBuf>, bool) {
+pub(super) fn expand(inputs: &[PathBuf], recursive: bool) -> (Vec<PathBuf>, bool) {
     // each file, and whether a folder listing found it
     let mut files: Vec<(PathBuf, bool)> = Vec::new();
     let mut any_dir = false;

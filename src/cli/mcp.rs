@@ -38,7 +38,7 @@ const MAX_COMPARE: usize = 64;
 /// Arguments of `memsnap mcp`.
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Client configuration (for example .mcp.json):\n  {\"mcpServers\": {\"memsnap\": {\"command\": \"memsnap\", \"args\": [\"mcp\", \"--root\", \"/tmp/snapshots\"]}}}"
+    after_help = "Client configuration (for example .mcp.json):\n  {\"mcpServers\": {\"memsnap\": {\"command\": \"memsnap\", \"args\": [\"mcp\", \"--root\", \"snapshots\"]}}}"
 )]
 pub struct McpArgs {
     /// Folders whose files the tools may read (repeatable; default: the current folder).
@@ -352,26 +352,14 @@ impl Server {
         description = "Ranks or runs side by side (memsnap compare --json): peak allocated and reserved per file and device, where each peaked, the highest and lowest."
     )]
     fn compare(&self, Parameters(a): Parameters<CompareArgs>) -> Result<CallToolResult, McpError> {
-        let mut files = Vec::new();
-        for p in &a.paths {
-            let resolved = self.inside(p)?;
-            if resolved.is_dir() {
-                let mut found: Vec<PathBuf> = std::fs::read_dir(&resolved)
-                    .map_err(|e| bad(format!("{p}: {}", memsnap::error::io_text(&e))))?
-                    .filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|f| {
-                        let name = f.to_string_lossy();
-                        f.is_file()
-                            && name.contains(".pickle")
-                            && !memsnap::snapshot::probes::is_side_file(f)
-                    })
-                    .collect();
-                found.sort();
-                files.extend(found);
-            } else {
-                files.push(resolved);
-            }
-        }
+        // folders listed as `memsnap compare` lists them; every file is checked against the
+        // roots again when it is read (a link in a folder may lead out)
+        let inputs = a
+            .paths
+            .iter()
+            .map(|p| self.inside(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let files = super::compare::expand(&inputs, false).0;
         if files.len() < 2 || files.len() > MAX_COMPARE {
             return Err(bad(format!(
                 "{} files: compare takes 2 to {MAX_COMPARE}",

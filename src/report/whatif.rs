@@ -282,7 +282,7 @@ impl ScaleReport {
             .iter()
             .map(|s| {
                 let base = &samples[s.base];
-                let simulated = confs
+                let simulated: Vec<Scenario> = confs
                     .iter()
                     .map(|conf| {
                         let (outcome, o, base_conf) = run(s, conf, options.cap);
@@ -300,10 +300,16 @@ impl ScaleReport {
                     })
                     .collect();
                 let growth_per_unit_bytes = (s.size != base.size).then(|| {
-                    let free = run(s, &recorded, None).0;
+                    // the recorded settings without a cap: a row already simulated, or run now
+                    let uncapped = simulated
+                        .iter()
+                        .map(|x| &x.outcome)
+                        .find(|o| o.cap_bytes.is_none() && o.alloc_conf == recorded.to_string())
+                        .map(|o| o.peak_allocated_bytes);
+                    let free =
+                        uncapped.unwrap_or_else(|| run(s, &recorded, None).0.peak_allocated_bytes);
                     let recorded_peak = base.analysis.replay.peaks.allocated.bytes;
-                    (free.peak_allocated_bytes as f64 - recorded_peak as f64)
-                        / (s.size as f64 - base.size as f64)
+                    (free as f64 - recorded_peak as f64) / (s.size as f64 - base.size as f64)
                 });
                 SizePrediction {
                     size: s.size,

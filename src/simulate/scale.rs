@@ -349,6 +349,8 @@ struct Req {
     /// Call site, stream and kind of life.
     token: u64,
     bytes: u64,
+    /// Index in `Program::ops` of its free, if the trace frees it.
+    freed: Option<usize>,
 }
 
 /// The allocations of a sample's program in order, with their alignment tokens.
@@ -356,20 +358,27 @@ fn requests(a: &DeviceAnalysis, program: &Program) -> Vec<Req> {
     let snap = a.snap;
     let events = snap.trace(a.device());
     let mut site: HashMap<StackId, u64> = HashMap::new();
-    // a request freed before the next one is asked for lives like a workspace
-    let mut freed_at_once = vec![false; program.ops.len()];
+    // each allocation's free; a request freed before the next one is asked for lives like a
+    // workspace (told by counting allocations, not by scanning each life)
+    let n = program.ops.len();
+    let mut freed_by: Vec<Option<usize>> = vec![None; n];
+    let mut freed_at_once = vec![false; n];
+    let mut allocs_before = Vec::with_capacity(n);
+    let mut allocs = 0;
     let mut last_alloc: FxHashMap<u32, usize> = FxHashMap::default();
     for (k, &(_, op)) in program.ops.iter().enumerate() {
+        allocs_before.push(allocs);
         match op {
             Op::Alloc { req, .. } => {
                 last_alloc.insert(req, k);
+                allocs += 1;
             }
             Op::Free { req, .. } => {
                 if let Some(&at) = last_alloc.get(&req) {
-                    let between = program.ops[at + 1..k]
-                        .iter()
-                        .any(|(_, o)| matches!(o, Op::Alloc { .. }));
-                    freed_at_once[at] = !between;
+                    if freed_by[at].is_none() {
+                        freed_by[at] = Some(k);
+                        freed_at_once[at] = allocs_before[k] == allocs_before[at] + 1;
+                    }
                 }
             }
             _ => {}
@@ -396,6 +405,7 @@ fn requests(a: &DeviceAnalysis, program: &Program) -> Vec<Req> {
             op: k,
             token: h.finish(),
             bytes: size,
+            freed: freed_by[k],
         });
     }
     out
@@ -497,14 +507,7 @@ fn repeat_window(
         // a steady iteration frees only what its own call sites make (an early one still
         // frees what the warm-up made, once): fewest such frees first, then nearest the centre
         let token_of = freed_tokens(program, base);
-        let foreign = |w: &[usize]| {
-            let end = base.get(w[1]).map_or(program.ops.len(), |r| r.op);
-            let made: rustc_hash::FxHashSet<u64> =
-                base[w[0]..w[1]].iter().map(|r| r.token).collect();
-            (base[w[0]].op..end)
-                .filter(|&k| token_of[k].is_some_and(|t| !made.contains(&t)))
-                .count()
-        };
+        let foreign = |w: &[usize]| foreign_frees(base, &token_of, w[0], w[1]);
         let d = |w: &[usize]| ((w[0] + w[1]) as f64 / 2.0 - centre).abs();
         let w = o
             .windows(2)
@@ -568,12 +571,7 @@ fn schedule_window(
         }
     }
     let token_of = freed_tokens(program, reqs);
-    let foreign = |w: &[usize]| {
-        let made: rustc_hash::FxHashSet<u64> = reqs[w[0]..w[1]].iter().map(|r| r.token).collect();
-        (reqs[w[0]].op..reqs[w[1]].op)
-            .filter(|&k| token_of[k].is_some_and(|t| !made.contains(&t)))
-            .count()
-    };
+    let foreign = |w: &[usize]| foreign_frees(reqs, &token_of, w[0], w[1]);
     let Some(window) = at
         .values()
         // (the last rank runs its first iteration's halves apart, from other sites)
@@ -586,21 +584,16 @@ fn schedule_window(
     else {
         return Err(few);
     };
-    let mut to_end = vec![false; reqs.len()];
-    let mut index: FxHashMap<u32, usize> = FxHashMap::default();
-    for (i, r) in reqs.iter().enumerate() {
-        if let Op::Alloc { req, .. } = program.ops[r.op].1 {
-            index.insert(req, i);
-        }
-    }
-    for &(event, op) in &program.ops {
-        if let Op::Free { req, .. } = op {
-            if let Some(&i) = index.get(&req) {
-                let in_steps = |step: u8| (1..=8).contains(&step);
-                to_end[i] = !(in_steps(step_of(i)) && in_steps(labels[event].pipe_step));
-            }
-        }
-    }
+    let in_steps = |step: u8| (1..=8).contains(&step);
+    let to_end = reqs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            r.freed.is_some_and(|f| {
+                !(in_steps(step_of(i)) && in_steps(labels[program.ops[f].0].pipe_step))
+            })
+        })
+        .collect();
     Ok(Some((
         Window {
             first: window.2,
@@ -613,22 +606,8 @@ fn schedule_window(
 }
 
 /// How many ops each request of `reqs` lived (`None`: never freed in the trace).
-fn lives(program: &Program, reqs: &[Req]) -> Vec<Option<usize>> {
-    let mut at: FxHashMap<u32, usize> = FxHashMap::default();
-    for (i, r) in reqs.iter().enumerate() {
-        if let Op::Alloc { req, .. } = program.ops[r.op].1 {
-            at.insert(req, i);
-        }
-    }
-    let mut out = vec![None; reqs.len()];
-    for (k, &(_, op)) in program.ops.iter().enumerate() {
-        if let Op::Free { req, .. } = op {
-            if let Some(&i) = at.get(&req) {
-                out[i].get_or_insert(k - reqs[i].op);
-            }
-        }
-    }
-    out
+fn lives(reqs: &[Req]) -> Vec<Option<usize>> {
+    reqs.iter().map(|r| r.freed.map(|f| f - r.op)).collect()
 }
 
 /// Which requests of the base live until after a growing stream's loop, whenever they were
@@ -642,7 +621,7 @@ fn grown_lives(
     map: &[Option<usize>],
 ) -> Vec<bool> {
     let grown = base.ops.len().saturating_sub(small.ops.len()) as i64;
-    let (lb, ls) = (lives(base, base_reqs), lives(small, small_reqs));
+    let (lb, ls) = (lives(base_reqs), lives(small_reqs));
     let mut longer: FxHashMap<u64, Vec<i64>> = FxHashMap::default();
     for (i, m) in map.iter().enumerate() {
         if let (Some(b), Some(a)) = (lb[i], m.and_then(|j| ls[j])) {
@@ -681,22 +660,26 @@ struct Window {
     unsteady: usize,
 }
 
+/// The frees among the ops of requests `first..end` (up to request `end`'s op, or the last op)
+/// of requests made by call sites the window does not hold: what a window that is not a steady
+/// iteration still frees of the warm-up. `token_of` is [`freed_tokens`]'s.
+fn foreign_frees(reqs: &[Req], token_of: &[Option<u64>], first: usize, end: usize) -> usize {
+    let stop = reqs.get(end).map_or(token_of.len(), |r| r.op);
+    let made: rustc_hash::FxHashSet<u64> = reqs[first..end].iter().map(|r| r.token).collect();
+    (reqs[first].op..stop)
+        .filter(|&k| token_of[k].is_some_and(|t| !made.contains(&t)))
+        .count()
+}
+
 /// For each op of `program` that frees a request of `reqs`, the token of that request.
 fn freed_tokens(program: &Program, reqs: &[Req]) -> Vec<Option<u64>> {
-    let mut by_id: FxHashMap<u32, u64> = FxHashMap::default();
+    let mut out = vec![None; program.ops.len()];
     for r in reqs {
-        if let Op::Alloc { req, .. } = program.ops[r.op].1 {
-            by_id.insert(req, r.token);
+        if let Some(f) = r.freed {
+            out[f] = Some(r.token);
         }
     }
-    program
-        .ops
-        .iter()
-        .map(|&(_, op)| match op {
-            Op::Free { req, .. } => by_id.get(&req).copied(),
-            _ => None,
-        })
-        .collect()
+    out
 }
 
 /// The program of the base sample at each size of `targets`, from `samples` (any order, at
@@ -924,30 +907,12 @@ fn groups(
     fits: &[Fit],
     u: f64,
 ) -> Vec<FitGroup> {
-    let peak = a.replay.peaks.allocated.event;
-    let mut live: FxHashMap<u32, usize> = FxHashMap::default();
-    let mut index_of_op: FxHashMap<usize, usize> = FxHashMap::default();
-    for (i, r) in reqs.iter().enumerate() {
-        index_of_op.insert(r.op, i);
-    }
-    if let Some(peak) = peak {
-        for (k, &(event, op)) in program.ops.iter().enumerate() {
-            if event > peak {
-                break;
-            }
-            match op {
-                Op::Alloc { req, .. } => {
-                    if let Some(&i) = index_of_op.get(&k) {
-                        live.insert(req, i);
-                    }
-                }
-                Op::Free { req, .. } => {
-                    live.remove(&req);
-                }
-                _ => {}
-            }
-        }
-    }
+    // made by the peak's event and not freed by it
+    let live_at_peak = |r: &Req| {
+        a.replay.peaks.allocated.event.is_some_and(|peak| {
+            program.ops[r.op].0 <= peak && r.freed.is_none_or(|f| program.ops[f].0 > peak)
+        })
+    };
     let mut by: std::collections::BTreeMap<Growth, FitGroup> = Default::default();
     for f in fits {
         let g = by.entry(f.growth).or_insert(FitGroup {
@@ -962,10 +927,9 @@ fn groups(
             !f.verified && f.growth != Growth::Unmatched && f.growth != Growth::Inexact,
         );
     }
-    for &i in live.values() {
-        let f = &fits[i];
+    for (r, f) in reqs.iter().zip(fits).filter(|(r, _)| live_at_peak(r)) {
         if let Some(g) = by.get_mut(&f.growth) {
-            g.bytes_at_base_peak = g.bytes_at_base_peak.saturating_add(reqs[i].bytes);
+            g.bytes_at_base_peak = g.bytes_at_base_peak.saturating_add(r.bytes);
             g.bytes_at_target = g.bytes_at_target.saturating_add(f.at(u));
         }
     }
@@ -1259,6 +1223,7 @@ mod tests {
                 op: k,
                 token: 7,
                 bytes: 100,
+                freed: None,
             })
             .collect();
         let fits: Vec<Fit> = reqs
