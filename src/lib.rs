@@ -6,7 +6,7 @@
 //! ```text
 //!  file ─▶ pickle ─▶ snapshot ─▶ replay ─▶ attribute ─▶ analysis ─┬─▶ report (text, JSON, compare)
 //!         (decode)   (model)    (memory    (labels)     (one value ├─▶ chart  (PNG, SVG)
-//!                               over time)               per device)└─▶ …later views
+//!                               over time)               per device)└─▶ page   (HTML, from both)
 //! ```
 //!
 //! - [`pickle`]: a data-only pickle VM (never runs code), with gzip/xz/zstd input;
@@ -16,7 +16,9 @@
 //! - [`attribute`]: every allocation's pipeline step, op, micro-batch, stage and category;
 //! - [`analysis`]: the one per-device value every view reads: replay, labels, the peak's
 //!   place and make-up, the step table;
-//! - [`report`] and [`chart`]: views of the analysis, which never import each other.
+//! - [`report`] and [`chart`]: views of the analysis, which never import each other;
+//! - [`page`]: the interactive HTML page, which carries the series the charts draw and the
+//!   objects the reports print.
 //!
 //! ```no_run
 //! let snap = memsnap::snapshot::Snapshot::open("rank0.pickle".as_ref())?;
@@ -36,6 +38,7 @@ pub mod error;
 pub mod export;
 pub mod memory;
 pub mod output;
+pub mod page;
 pub mod pickle;
 pub mod replay;
 pub mod report;

@@ -19,6 +19,7 @@ mod summaries;
 mod timeline;
 mod trim;
 mod ui;
+mod view;
 mod whatif;
 
 use std::io::{self, Write};
@@ -77,6 +78,9 @@ enum Command {
     Export(export::ExportArgs),
     /// Cut a snapshot down to a window of its trace (around the peak, or between two moments).
     Trim(trim::TrimArgs),
+    /// Write one self-contained interactive HTML page of snapshots: memory over time by
+    /// category, step, phase, stage or site, what was live at any moment, steps, ranks, OOMs.
+    View(view::ViewArgs),
     /// Serve the analyses as tools of a Model Context Protocol server on standard input and
     /// output, for coding agents.
     Mcp(mcp::McpArgs),
@@ -340,6 +344,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Flamegraph(args) => flamegraph::run(args),
         Command::Trim(args) => trim::run(args),
         Command::Export(args) => export::run(args),
+        Command::View(args) => view::run(args),
         Command::Mcp(args) => mcp::run(args),
         Command::Completions { shell } => completions(shell),
     })
@@ -458,6 +463,10 @@ fn note_inputs(command: &Command) {
         Command::Flamegraph(a) => (vec![a.file.as_path()], Some(&a.input)),
         Command::Export(a) => (vec![a.file.as_path()], Some(&a.input)),
         Command::Trim(a) => (vec![a.file.as_path()], None),
+        Command::View(a) => (
+            a.inputs.iter().map(|p| p.as_path()).collect(),
+            Some(&a.input),
+        ),
         Command::Mcp(a) => (Vec::new(), Some(&a.input)),
         Command::Completions { .. } => (Vec::new(), None),
     };

@@ -1,0 +1,747 @@
+//! The interactive page: what `memsnap view` writes, one HTML file that needs nothing else.
+//!
+//! The page carries what memsnap computed, never the pickle, so it stays small whatever the
+//! snapshot holds ([`Panel`] says what one device contributes):
+//! - memory over time as fixed columns that keep each column's highest and lowest allocated
+//!   bytes, highest reserved bytes and fragmentation ([`Fine`]), so every peak survives at
+//!   every zoom; the events themselves around the peak and each out-of-memory error;
+//! - for each way of grouping (category, step, phase, stage, site) the composition of the
+//!   highest moment of each coarser column, exact to the byte ([`Grouping`]);
+//! - the largest blocks with their lifetimes, labels and stacks (frames interned), and the
+//!   folded stacks of everything live at the peak;
+//! - `report --json`'s own object for the file, so the page's figures are the report's.
+//!
+//! [`Budget`] sizes all of that by the number of panels, so a page of 64 ranks stays about as
+//! large as a page of one.
+//!
+//! The page's code (`page.js`, `page.css`) is memsnap's own and draws on canvas without a
+//! chart library: what it draws is stacked areas, lines and bands over one x axis from
+//! pre-aggregated columns, a few hundred lines that start drawing at once, where a general
+//! library would add its own data model and 100 to 1,000 KB to every page. Strings from the
+//! snapshot reach the page's DOM as text only, never as markup.
+
+pub mod pack;
+
+use std::collections::HashMap;
+use std::io::{self, Write};
+
+use serde::Serialize;
+
+use crate::analysis::{DeviceAnalysis, Dimension};
+use crate::attribute::frames;
+use crate::chart::{flamegraph, palette, series};
+use crate::replay::{Replay, NONE};
+use crate::snapshot::{Action, StackId};
+pub use pack::{pack, Packed};
+
+/// The groupings the page offers, in the order of its switch.
+pub const DIMENSIONS: [Dimension; 5] = [
+    Dimension::Category,
+    Dimension::Step,
+    Dimension::Phase,
+    Dimension::Stage,
+    Dimension::Site,
+];
+
+/// How much of each device the page carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// Columns of the fine series (highest, lowest, reserved, fragmentation).
+    pub fine: usize,
+    /// Columns of each grouping's composition.
+    pub columns: usize,
+    /// Groups drawn in their own band (the rest together).
+    pub groups: usize,
+    /// Blocks carried: this many of the largest live at the peak, and as many of the largest
+    /// of the whole trace.
+    pub blocks: usize,
+    /// Events kept on each side of the peak and of each out-of-memory error.
+    pub raw: usize,
+    /// Frames of PyTorch's own kept per stack (beyond the program's, which are all kept).
+    pub plumbing_frames: usize,
+}
+
+impl Budget {
+    /// The budget of each of `panels` panels.
+    pub fn for_panels(panels: usize) -> Budget {
+        let n = panels.max(1);
+        Budget {
+            fine: (16_384 / n).clamp(1_024, 16_384),
+            columns: (2_048 / n).clamp(256, 2_048),
+            groups: if n > 16 { 6 } else { 10 },
+            blocks: (2_000 / n).clamp(60, 2_000),
+            raw: (1_000 / n).clamp(100, 1_000),
+            plumbing_frames: if n > 16 { 8 } else { 24 },
+        }
+    }
+}
+
+/// The page's data for one device of one file.
+#[derive(Clone, Debug, Serialize)]
+pub struct Panel {
+    /// The file as given.
+    pub file: String,
+    /// Its short name in the page (the rank when the name says one).
+    pub name: String,
+    /// Rank read from the file name.
+    pub rank: Option<u32>,
+    /// Device ordinal.
+    pub device: u32,
+    /// `time` (x in microseconds from the first event) or `events` (x is the event index).
+    pub axis: &'static str,
+    /// Time of the first event, microseconds since the epoch (0 without times): panels share
+    /// one time axis through it.
+    pub origin_us: i64,
+    /// The largest x.
+    pub x_end: i64,
+    /// Events of the device's trace.
+    pub events: usize,
+    /// Allocated and reserved bytes before the first event.
+    pub start: [u64; 2],
+    /// The allocated peak: bytes, event (`-1`: before the first event), x, reserved then.
+    pub peak: PeakMark,
+    /// The highest reserved bytes.
+    pub peak_reserved: u64,
+    /// Failed allocations.
+    pub ooms: Vec<OomMark>,
+    /// Where the peak was reached, in a few words.
+    pub peak_place: String,
+    /// Memory over time, fine.
+    pub fine: Fine,
+    /// Memory over time by each grouping.
+    pub groupings: Vec<Grouping>,
+    /// The events around the peak and the failures.
+    pub zoom: Vec<Raw>,
+    /// x of each step row's first and last event (the rows of the report's `steps`).
+    pub step_x: Vec<[i64; 2]>,
+    /// Strings: frames, labels.
+    pub strings: Vec<String>,
+    /// Stacks: program frames (innermost first), PyTorch's frames kept, frames left out.
+    pub stacks: Vec<StackText>,
+    /// The blocks carried.
+    pub blocks: Blocks,
+    /// Everything live at the peak, folded by category then program frames (outermost first).
+    pub peak_flame: Flame,
+    /// The `memsnap oom` explanation, for a device that ran out of memory.
+    pub oom_text: Option<String>,
+    /// Index of the file's report in [`Page::reports`].
+    pub report: usize,
+    /// Index of this device in that report's `devices`.
+    pub report_device: usize,
+}
+
+/// The allocated peak.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct PeakMark {
+    /// Bytes.
+    pub bytes: u64,
+    /// Event after which it was reached, `-1` before the first.
+    pub event: i64,
+    /// Its x.
+    pub x: i64,
+    /// Reserved bytes then.
+    pub reserved: u64,
+}
+
+/// A failed allocation.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct OomMark {
+    /// The `oom` event.
+    pub event: usize,
+    /// Its x.
+    pub x: i64,
+    /// Bytes requested.
+    pub requested: u64,
+}
+
+/// Fixed-width columns over the x range.
+#[derive(Clone, Debug, Serialize)]
+pub struct Fine {
+    /// Columns.
+    pub n: usize,
+    /// Highest allocated bytes in each column.
+    pub amax: Packed,
+    /// Lowest allocated bytes in each column.
+    pub amin: Packed,
+    /// Highest reserved bytes in each column.
+    pub rmax: Packed,
+    /// Highest reserved minus allocated in each column.
+    pub frag: Packed,
+    /// The event of each column's highest allocated bytes (the last event before it for a
+    /// column without events; `-1` before the first event).
+    pub ev: Packed,
+}
+
+/// One grouping's composition over time.
+#[derive(Clone, Debug, Serialize)]
+pub struct Grouping {
+    /// `category`, `step`, ...
+    pub dimension: &'static str,
+    /// Group names, bottom band first; the last holds the smaller groups.
+    pub groups: Vec<String>,
+    /// Colours, `#rrggbb`, as the PNG timelines draw them.
+    pub colours: Vec<String>,
+    /// Distinct labels in the last band.
+    pub folded: usize,
+    /// The event each column shows (its highest moment).
+    pub ev: Packed,
+    /// x of each column's event.
+    pub x: Packed,
+    /// Bytes of each group at each column: group 0's column after column, then group 1's...
+    pub bytes: Packed,
+}
+
+/// The events of one stretch of the trace.
+#[derive(Clone, Debug, Serialize)]
+pub struct Raw {
+    /// First event.
+    pub from: usize,
+    /// x of each.
+    pub x: Packed,
+    /// Allocated bytes after each.
+    pub allocated: Packed,
+    /// Reserved bytes after each.
+    pub reserved: Packed,
+}
+
+/// One stack, as the page shows it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct StackText {
+    /// The program's frames, innermost first (indices into [`Panel::strings`]).
+    pub program: Vec<u32>,
+    /// PyTorch's and the standard library's frames, innermost first, the first few.
+    pub plumbing: Vec<u32>,
+    /// Frames left out.
+    pub more: usize,
+}
+
+/// The blocks carried, a column per field.
+#[derive(Clone, Debug, Serialize)]
+pub struct Blocks {
+    /// Blocks in total on the device (allocations of the trace and blocks from before it).
+    pub total: usize,
+    /// Allocating event (`-1`: from before the trace).
+    pub start: Packed,
+    /// Freeing event (`-1`: alive at the end).
+    pub end: Packed,
+    /// x of the start (0 from before the trace).
+    pub start_x: Packed,
+    /// x of the end (`x_end` when alive at the end).
+    pub end_x: Packed,
+    /// Bytes.
+    pub bytes: Packed,
+    /// Stack (index into [`Panel::stacks`]).
+    pub stack: Packed,
+    /// For each of [`DIMENSIONS`], each block's group (index into [`Panel::strings`]).
+    pub labels: Vec<Packed>,
+}
+
+/// Folded stacks.
+#[derive(Clone, Debug, Serialize)]
+pub struct Flame {
+    /// Each line's frames, outermost first (indices into [`Panel::strings`]).
+    pub lines: Vec<Vec<u32>>,
+    /// Each line's bytes.
+    pub bytes: Vec<u64>,
+}
+
+/// Everything one page holds.
+#[derive(Clone, Debug, Serialize)]
+pub struct Page {
+    /// memsnap's version.
+    pub version: &'static str,
+    /// The command that wrote the page.
+    pub command: String,
+    /// The page's title.
+    pub title: String,
+    /// One panel per device of each file.
+    pub panels: Vec<Panel>,
+    /// `report --json`'s object for each file.
+    pub reports: Vec<serde_json::Value>,
+    /// `memsnap compare`'s text for several files.
+    pub compare_text: Option<String>,
+    /// Files that could not be read: `(file, why)`.
+    pub failures: Vec<(String, String)>,
+}
+
+/// Interned strings of one panel.
+#[derive(Default)]
+struct Strings {
+    list: Vec<String>,
+    index: HashMap<String, u32>,
+}
+
+impl Strings {
+    fn id(&mut self, s: &str) -> u32 {
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        let i = self.list.len() as u32;
+        self.list.push(s.to_string());
+        self.index.insert(s.to_string(), i);
+        i
+    }
+}
+
+/// The x of every event: microseconds from the first event's time, or the event index when
+/// the trace has no times.
+fn x_of_events(a: &DeviceAnalysis) -> (Vec<i64>, &'static str) {
+    let r = &a.replay;
+    let events = a.snap.trace(r.device);
+    let t0 = r.time_span_us.0;
+    if t0 == 0 {
+        return ((0..events.len() as i64).collect(), "events");
+    }
+    let xs = events
+        .iter()
+        .map(|e| e.time_us.saturating_sub(t0).max(0))
+        .collect();
+    (xs, "time")
+}
+
+/// Builds one device's panel. `report` and `report_device` say where its report is.
+pub fn panel(
+    a: &DeviceAnalysis,
+    file: &str,
+    name: &str,
+    rank: Option<u32>,
+    budget: &Budget,
+    oom_text: Option<String>,
+    (report, report_device): (usize, usize),
+) -> Panel {
+    let r = &a.replay;
+    let (xs, axis) = x_of_events(a);
+    let x_end = xs.iter().copied().max().unwrap_or(0).max(1);
+    let x_at = |e: Option<usize>| e.map_or(0, |i| xs[i]);
+    // the groupings and the rest side by side
+    let (groupings, (fine, (blocks_and_stacks, flame))) = rayon::join(
+        || {
+            DIMENSIONS
+                .iter()
+                .map(|&d| grouping(a, d, &xs, budget))
+                .collect::<Vec<_>>()
+        },
+        || {
+            rayon::join(
+                || fine(r, &xs, x_end, budget.fine),
+                || {
+                    let mut strings = Strings::default();
+                    let mut stacks = StackTable::default();
+                    let blocks = blocks(a, &xs, x_end, budget, &mut strings, &mut stacks);
+                    let flame = peak_flame(a, &mut strings);
+                    ((blocks, stacks, strings), flame)
+                },
+            )
+        },
+    );
+    let (blocks, stacks, strings) = blocks_and_stacks;
+    let mut zoom_at: Vec<usize> = r.peaks.allocated.event.into_iter().collect();
+    zoom_at.extend(r.ooms.iter().take(4).map(|o| o.event));
+    let zoom = zoom_at
+        .into_iter()
+        .map(|c| raw(r, &xs, c, budget.raw))
+        .collect();
+    let peak = r.peaks.allocated;
+    Panel {
+        file: file.to_string(),
+        name: name.to_string(),
+        rank,
+        device: r.device,
+        axis,
+        origin_us: r.time_span_us.0,
+        x_end,
+        events: r.len(),
+        start: [r.start.allocated, r.start.reserved],
+        peak: PeakMark {
+            bytes: peak.bytes,
+            event: peak.event.map_or(-1, |e| e as i64),
+            x: x_at(peak.event),
+            reserved: r.reserved_at(peak.event),
+        },
+        peak_reserved: r.peaks.reserved.bytes,
+        ooms: r
+            .ooms
+            .iter()
+            .map(|o| OomMark {
+                event: o.event,
+                x: xs.get(o.event).copied().unwrap_or(0),
+                requested: o.requested,
+            })
+            .collect(),
+        peak_place: a.peak_place.summary(),
+        fine,
+        groupings,
+        zoom,
+        step_x: a
+            .steps
+            .iter()
+            .map(|s| [x_at(Some(s.first_event)), x_at(Some(s.last_event))])
+            .collect(),
+        strings: strings.list,
+        stacks: stacks.list,
+        blocks,
+        peak_flame: flame,
+        oom_text,
+        report,
+        report_device,
+    }
+}
+
+/// The fine columns: each column's extremes, so no peak is lost at any zoom.
+fn fine(r: &Replay, xs: &[i64], x_end: i64, columns: usize) -> Fine {
+    let n = columns.min(xs.len()).max(1);
+    let column = |x: i64| ((x as i128 * n as i128 / (x_end as i128 + 1)) as usize).min(n - 1);
+    let mut amax = vec![i64::MIN; n];
+    let mut amin = vec![i64::MAX; n];
+    let mut rmax = vec![i64::MIN; n];
+    let mut frag = vec![i64::MIN; n];
+    let mut ev = vec![-2i64; n];
+    // the values each column ends with, for the columns without events after it
+    let mut last: Vec<Option<(i64, i64, i64)>> = vec![None; n];
+    let mut reserved = r.start.reserved as i64;
+    let mut change = 0;
+    for (i, &x) in xs.iter().enumerate() {
+        while let Some(&(at, bytes)) = r.reserved_changes.get(change) {
+            if at as usize > i {
+                break;
+            }
+            reserved = bytes as i64;
+            change += 1;
+        }
+        let c = column(x);
+        let a = r.allocated[i] as i64;
+        if a > amax[c] {
+            amax[c] = a;
+            ev[c] = i as i64;
+        }
+        amin[c] = amin[c].min(a);
+        rmax[c] = rmax[c].max(reserved);
+        frag[c] = frag[c].max(reserved - a);
+        last[c] = Some((a, reserved, i as i64));
+    }
+    let mut carry = (r.start.allocated as i64, r.start.reserved as i64, -1i64);
+    for c in 0..n {
+        match last[c] {
+            Some(l) => carry = l,
+            None => {
+                amax[c] = carry.0;
+                amin[c] = carry.0;
+                rmax[c] = carry.1;
+                frag[c] = carry.1 - carry.0;
+                ev[c] = carry.2;
+            }
+        }
+    }
+    Fine {
+        n,
+        amax: pack(amax),
+        amin: pack(amin),
+        rmax: pack(rmax),
+        frag: pack(frag),
+        ev: pack(ev),
+    }
+}
+
+/// One grouping's columns, from the series the PNG timelines draw.
+fn grouping(a: &DeviceAnalysis, d: Dimension, xs: &[i64], budget: &Budget) -> Grouping {
+    let s = series::build(
+        a,
+        d,
+        series::XAxis::Time,
+        budget.columns.min(xs.len()).max(1),
+        budget.groups,
+    );
+    let mut groups = s.groups.clone();
+    let last = groups.len() - 1;
+    let colours = palette::assign(&groups)
+        .into_iter()
+        .map(|c| format!("#{:02x}{:02x}{:02x}", c.0, c.1, c.2))
+        .collect();
+    groups[last] = if s.folded > 0 {
+        format!("{} more", s.folded)
+    } else {
+        "other".to_string()
+    };
+    let g = groups.len();
+    let bytes = (0..g).flat_map(|k| s.columns.iter().map(move |c| c.groups[k] as i64));
+    Grouping {
+        dimension: d.as_str(),
+        groups,
+        colours,
+        folded: s.folded,
+        ev: pack(s.columns.iter().map(|c| c.event as i64)),
+        x: pack(s.columns.iter().map(|c| xs.get(c.event).copied().unwrap_or(0))),
+        bytes: pack(bytes.collect::<Vec<_>>()),
+    }
+}
+
+/// The events from `radius` before `center` to `radius` after it.
+fn raw(r: &Replay, xs: &[i64], center: usize, radius: usize) -> Raw {
+    let from = center.saturating_sub(radius);
+    let to = (center + radius + 1).min(r.len());
+    Raw {
+        from,
+        x: pack(xs[from..to].iter().copied()),
+        allocated: pack(r.allocated[from..to].iter().map(|&b| b as i64)),
+        reserved: pack((from..to).map(|i| r.reserved_at(Some(i)) as i64)),
+    }
+}
+
+/// Stacks interned as the page shows them.
+#[derive(Default)]
+struct StackTable {
+    list: Vec<StackText>,
+    index: HashMap<StackId, u32>,
+}
+
+impl StackTable {
+    fn id(
+        &mut self,
+        a: &DeviceAnalysis,
+        stack: StackId,
+        strings: &mut Strings,
+        keep: usize,
+    ) -> u32 {
+        if let Some(&i) = self.index.get(&stack) {
+            return i;
+        }
+        let snap = a.snap;
+        let mut text = StackText::default();
+        let mut plumbing = 0usize;
+        for f in snap.stacks.frames(stack) {
+            let shown = if f.line == 0 {
+                snap.str(f.name).to_string()
+            } else {
+                format!(
+                    "{} ({}:{})",
+                    snap.str(f.name),
+                    snap.str(f.filename),
+                    f.line
+                )
+            };
+            if frames::is_python(&f) && !frames::is_library(snap, &f) {
+                text.program.push(strings.id(&shown));
+            } else if plumbing < keep {
+                text.plumbing.push(strings.id(&shown));
+                plumbing += 1;
+            } else {
+                text.more += 1;
+            }
+        }
+        let i = self.list.len() as u32;
+        self.list.push(text);
+        self.index.insert(stack, i);
+        i
+    }
+}
+
+/// One carried block.
+struct Carried {
+    start: i64,
+    end: i64,
+    bytes: u64,
+    stack: StackId,
+    label: crate::attribute::Label,
+}
+
+/// The blocks the page carries: the largest live at the peak and the largest of the trace
+/// (all of them when there are few).
+fn blocks(
+    a: &DeviceAnalysis,
+    xs: &[i64],
+    x_end: i64,
+    budget: &Budget,
+    strings: &mut Strings,
+    stacks: &mut StackTable,
+) -> Blocks {
+    let r = &a.replay;
+    let events = a.snap.trace(r.device);
+    let peak = r.peaks.allocated.event;
+    let mut all: Vec<Carried> = Vec::new();
+    for (k, p) in r.preexisting.iter().enumerate() {
+        if p.live {
+            all.push(Carried {
+                start: -1,
+                end: if p.freed_at == NONE {
+                    -1
+                } else {
+                    p.freed_at as i64
+                },
+                bytes: p.size,
+                stack: p.stack,
+                label: a.attribution.preexisting[k],
+            });
+        }
+    }
+    for (i, e) in events.iter().enumerate() {
+        if e.action == Action::Alloc && r.bytes[i] > 0 {
+            let free = r.partner[i];
+            all.push(Carried {
+                start: i as i64,
+                end: if free == NONE { -1 } else { free as i64 },
+                bytes: r.bytes[i],
+                stack: e.stack,
+                label: a.attribution.labels[i],
+            });
+        }
+    }
+    let total = all.len();
+    let live_at_peak = |b: &Carried| {
+        let started = peak.map_or(b.start < 0, |p| b.start <= p as i64);
+        let ended = b.end >= 0 && peak.is_some_and(|p| b.end <= p as i64);
+        started && !ended
+    };
+    let mut keep = vec![false; all.len()];
+    if all.len() > 3 * budget.blocks {
+        let mut order: Vec<usize> = (0..all.len()).collect();
+        order.sort_by_key(|&k| (std::cmp::Reverse(all[k].bytes), k));
+        for &k in order.iter().take(budget.blocks) {
+            keep[k] = true;
+        }
+        for &k in order
+            .iter()
+            .filter(|&&k| live_at_peak(&all[k]))
+            .take(budget.blocks)
+        {
+            keep[k] = true;
+        }
+    } else {
+        keep.iter_mut().for_each(|k| *k = true);
+    }
+    let kept: Vec<&Carried> = all.iter().zip(&keep).filter(|(_, &k)| k).map(|(b, _)| b).collect();
+    let mut keyer = a.keyer();
+    let labels = DIMENSIONS
+        .iter()
+        .map(|&d| {
+            pack(
+                kept.iter()
+                    .map(|b| strings.id(&keyer.key(d, &b.label, b.stack)) as i64)
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .collect();
+    let x_of = |e: i64, otherwise: i64| {
+        if e < 0 {
+            otherwise
+        } else {
+            xs.get(e as usize).copied().unwrap_or(otherwise)
+        }
+    };
+    Blocks {
+        total,
+        start: pack(kept.iter().map(|b| b.start)),
+        end: pack(kept.iter().map(|b| b.end)),
+        start_x: pack(kept.iter().map(|b| x_of(b.start, 0))),
+        end_x: pack(kept.iter().map(|b| x_of(b.end, x_end))),
+        bytes: pack(kept.iter().map(|b| b.bytes as i64)),
+        stack: pack(
+            kept.iter()
+                .map(|b| stacks.id(a, b.stack, strings, budget.plumbing_frames) as i64)
+                .collect::<Vec<_>>(),
+        ),
+        labels,
+    }
+}
+
+/// Everything live at the peak, folded by category and program frames.
+fn peak_flame(a: &DeviceAnalysis, strings: &mut Strings) -> Flame {
+    let lines = flamegraph::folded(
+        a,
+        a.replay.peaks.allocated.event,
+        flamegraph::Root::Category,
+    );
+    Flame {
+        lines: lines
+            .iter()
+            .map(|(l, _)| l.split(';').map(|f| strings.id(f)).collect())
+            .collect(),
+        bytes: lines.iter().map(|(_, b)| *b).collect(),
+    }
+}
+
+/// The page's display name of each file: its rank when the names say one, else the shortest
+/// unambiguous tail of its path.
+pub fn names(files: &[&str]) -> Vec<(String, Option<u32>)> {
+    let short = crate::report::compare::short_paths(files);
+    files
+        .iter()
+        .zip(short)
+        .map(|(f, s)| {
+            let rank = crate::report::compare::rank_from_name(f);
+            (s, rank)
+        })
+        .collect()
+}
+
+/// The page's JSON, safe inside a `<script>` element: `<` is written as `\u003c`, so no
+/// string from the snapshot can close the element or open a comment.
+pub fn data_json(page: &Page) -> serde_json::Result<String> {
+    Ok(serde_json::to_string(page)?.replace('<', "\\u003c"))
+}
+
+/// Writes the page.
+pub fn write(out: &mut dyn Write, page: &Page) -> io::Result<()> {
+    let json = data_json(page).map_err(io::Error::other)?;
+    let title = escape_text(&page.title);
+    let html = TEMPLATE
+        .replace("{{title}}", &title)
+        .replace("{{style}}", STYLE)
+        .replace("{{script}}", SCRIPT);
+    let (head, tail) = html
+        .split_once("{{data}}")
+        .ok_or_else(|| io::Error::other("page template without its data slot"))?;
+    out.write_all(head.as_bytes())?;
+    out.write_all(json.as_bytes())?;
+    out.write_all(tail.as_bytes())
+}
+
+/// Text for an HTML text node.
+fn escape_text(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+const TEMPLATE: &str = include_str!("page.html");
+const STYLE: &str = include_str!("page.css");
+const SCRIPT: &str = include_str!("page.js");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_cannot_close_its_script_element() {
+        let page = Page {
+            version: "0",
+            command: "memsnap view </script><script>alert(1)</script>".into(),
+            title: "<b>".into(),
+            panels: Vec::new(),
+            reports: Vec::new(),
+            compare_text: None,
+            failures: Vec::new(),
+        };
+        let json = data_json(&page).unwrap();
+        assert!(!json.contains('<'));
+        let back: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            back["command"],
+            "memsnap view </script><script>alert(1)</script>"
+        );
+        let mut html = Vec::new();
+        write(&mut html, &page).unwrap();
+        let html = String::from_utf8(html).unwrap();
+        assert_eq!(html.matches("</script>").count(), 2, "the page's own two");
+        assert!(html.contains("<title>&lt;b&gt;"));
+    }
+
+    #[test]
+    fn budgets_shrink_with_panels_but_keep_a_floor() {
+        let one = Budget::for_panels(1);
+        let many = Budget::for_panels(64);
+        assert_eq!(one.fine, 16_384);
+        assert_eq!(many.fine, 1_024);
+        assert!(many.columns >= 256 && many.blocks >= 60);
+    }
+}
