@@ -80,26 +80,7 @@ out = '\\n'.join(lines)
 print(time.perf_counter() - t)";
 
 /// The `stacks="all"` file at scale: the trace of `source` repeated `copies` times.
-const REPEAT_TRACE: &str = "import copy, lzma, pickle, sys
-source, out, copies = sys.argv[1], sys.argv[2], int(sys.argv[3])
-with lzma.open(source) as f: snap = pickle.load(f)
-traces = snap['device_traces']
-dev = max(range(len(traces)), key=lambda d: len(traces[d]))
-trace = traces[dev]
-span = trace[-1]['time_us'] - trace[0]['time_us'] + 1000
-shift = 1 << 40
-longer = []
-for k in range(copies):
-    for e in trace:
-        c = dict(e)
-        if k:
-            c['addr'] = e['addr'] + k * shift if e['action'] != 'oom' else e['addr']
-            c['time_us'] = e['time_us'] + k * span
-        c['frames'] = list(e['frames'])
-        longer.append(c)
-traces[dev] = longer
-with open(out, 'wb') as f: pickle.dump(snap, f, protocol=4)
-print(len(longer))";
+const REPEAT_TRACE: &str = include_str!("repeat_trace.py");
 
 /// Runs a Python snippet that prints its own seconds; `None` if Python fails.
 fn python_seconds(code: &str, file: &str) -> Option<Duration> {

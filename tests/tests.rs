@@ -21,3 +21,4 @@ mod summaries;
 mod trim;
 mod usability;
 mod util;
+mod view;

@@ -49,6 +49,7 @@ __all__ = [
     "report",
     "oom",
     "timeline",
+    "view",
     "whatif",
     "predict",
     "compare",
@@ -192,6 +193,26 @@ def timeline(snapshot: Snapshot, output: Union[str, "os.PathLike[str]"], by: str
     # The files this run wrote, as it announced them: never images an earlier run left behind.
     prefix = "memsnap: wrote "
     return [line[len(prefix):] for line in notes.splitlines() if line.startswith(prefix)]
+
+
+def view(
+    snapshot: Union[Snapshot, List[Union[str, "os.PathLike[str]"]]],
+    output: Union[str, "os.PathLike[str]"],
+    **options: Any,
+) -> str:
+    """Writes one self-contained interactive HTML page of ``snapshot`` (or of a list of snapshot
+    files or folders, one panel per rank) to ``output`` and returns its path. The page needs no
+    network: open it in any browser, attach it to a pull request."""
+    flags = _flags({"output": os.fspath(output), **options})
+    if isinstance(snapshot, (list, tuple)):
+        paths, data = [os.fspath(s) for s in snapshot], None
+    else:
+        path, data = _source(snapshot)
+        paths = [path]
+    _, notes = _run(["view", "--quiet", *flags, "--", *paths], stdin=data)
+    prefix = "memsnap: wrote "
+    written = [line[len(prefix):] for line in notes.splitlines() if line.startswith(prefix)]
+    return written[-1] if written else os.fspath(output)
 
 
 def compare(*snapshots: Union[str, "os.PathLike[str]"], **options: Any) -> Dict[str, Any]:

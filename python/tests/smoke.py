@@ -50,6 +50,15 @@ def main():
         with open(written[0], "rb") as f:
             check(f.read(8) == b"\x89PNG\r\n\x1a\n", "timeline(dict) wrote a PNG")
 
+    with tempfile.TemporaryDirectory() as tmp:
+        page = memsnap.view(snapshot, os.path.join(tmp, "page.html"))
+        with open(page, encoding="utf-8") as f:
+            html = f.read()
+        check(html.startswith("<!doctype html>") and '"peak_allocated_bytes":%d' % PRINTED_PEAK in html,
+              "view(dict) wrote a page carrying the report's peak")
+        two = memsnap.view([SNAPSHOT, OOM_SNAPSHOT], os.path.join(tmp, "two.html"))
+        check(os.path.getsize(two) > 0, "view([two paths]) wrote one page of both")
+
     fits_tried = memsnap.whatif(OOM_SNAPSHOT, try_=["expandable_segments:True"])
     check(isinstance(fits_tried, dict) and fits_tried.get("devices"), "whatif(path, try_=[...]) is --try")
 

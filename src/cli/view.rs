@@ -10,14 +10,16 @@ use memsnap::output::Naming;
 use memsnap::page::{self, Budget, Page, Panel};
 use memsnap::report::compare::{Pair, Profile, Ranks};
 use memsnap::report::oom::{self, OomOptions};
-use memsnap::report::{text, DeviceReport, FileReport};
+use memsnap::report::{text, FileReport};
 
 use super::{ui, Failure, InputArgs, Tally};
 
 /// Arguments of `memsnap view`.
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Examples:\n  memsnap view rank0.pickle.xz -o rank0.html --open\n  \
-                      memsnap view snapshots/ -o ranks.html   (every rank: one panel each)")]
+#[command(
+    after_help = "Examples:\n  memsnap view rank0.pickle.xz -o rank0.html --open\n  \
+                      memsnap view snapshots/ -o ranks.html   (every rank: one panel each)"
+)]
 pub struct ViewArgs {
     /// Snapshot files, or folders of them (`-` reads standard input).
     #[arg(required = true)]
@@ -173,7 +175,8 @@ fn one_file(
         ..super::load_options()
     };
     let snap = memsnap::snapshot::load(path, &load_options)?;
-    let devices = super::devices(&snap, device, path)?;
+    // as report does: the devices with events, or those with segments when none has any
+    let devices = super::choose_devices(analysis::devices(&snap), device, path)?;
     let file = path.display().to_string();
     let analyses: Vec<DeviceAnalysis> = devices
         .iter()
@@ -185,11 +188,12 @@ fn one_file(
     let report_json = serde_json::to_value(&report).unwrap_or_default();
     let panels = analyses
         .iter()
+        .zip(&report.devices)
         .enumerate()
-        .map(|(k, a)| {
+        .map(|(k, (a, device))| {
             let text = oom_text(a);
             let panel = page::panel(a, &file, name, *rank, budget, text, (0, k));
-            (panel, Profile::new(&file, *rank, DeviceReport::new(a)))
+            (panel, Profile::new(&file, *rank, device.clone()))
         })
         .collect();
     super::within_memory(path)?;
@@ -216,7 +220,10 @@ fn oom_text(a: &DeviceAnalysis) -> Option<String> {
 }
 
 /// What `memsnap compare` prints for these profiles (none for one).
-fn compare_text(profiles: Vec<(usize, Profile)>, failures: &[(usize, String, String)]) -> Option<String> {
+fn compare_text(
+    profiles: Vec<(usize, Profile)>,
+    failures: &[(usize, String, String)],
+) -> Option<String> {
     let mut buf = Vec::new();
     let out = &mut text::Out::new(&mut buf, false);
     let written = match profiles.len() {

@@ -25,6 +25,8 @@ pub mod pack;
 use std::collections::HashMap;
 use std::io::{self, Write};
 
+use rayon::prelude::*;
+use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use crate::analysis::{DeviceAnalysis, Dimension};
@@ -313,12 +315,26 @@ pub fn panel(
     let (xs, axis) = x_of_events(a);
     let x_end = xs.iter().copied().max().unwrap_or(0).max(1);
     let x_at = |e: Option<usize>| e.map_or(0, |i| xs[i]);
-    // the groupings and the rest side by side
+    // two halves side by side: every allocation's group in each grouping and the groupings'
+    // columns; the fine columns, the blocks and the peak's stacks
     let (groupings, (fine, (blocks_and_stacks, flame))) = rayon::join(
         || {
+            let changes = Changes::of(a);
+            // each column's highest moment, and the moments the page names: the peak, each
+            // step's peak, each failure
+            let mut moments = highest_moments(r, &xs, x_end, budget.columns.min(xs.len()).max(1));
+            moments.extend(r.peaks.allocated.event);
+            moments.extend(a.steps.iter().map(|s| s.peak_event_index));
+            moments.extend(r.ooms.iter().map(|o| o.event));
+            moments.retain(|&e| e < xs.len());
+            moments.sort_by_key(|&e| (xs[e], e));
+            moments.dedup();
             DIMENSIONS
-                .iter()
-                .map(|&d| grouping(a, d, &xs, budget))
+                .par_iter()
+                .map(|&d| {
+                    let named = Named::of(a, d, &changes);
+                    grouping(a, &named, &changes, (&xs, &moments), budget)
+                })
                 .collect::<Vec<_>>()
         },
         || {
@@ -387,10 +403,30 @@ pub fn panel(
     }
 }
 
+/// The column of `n` over `0..=x_end` that `x` falls in (in floating point: a division of
+/// wide integers for each event cost more than the rest of a column's work).
+fn column_of(x: i64, n: usize, x_end: i64) -> usize {
+    let at = x.max(0) as f64 * (n as f64 / (x_end as f64 + 1.0));
+    (at as usize).min(n - 1)
+}
+
+/// The event of the highest allocated bytes in each of `n` columns (columns without events
+/// left out), in time order.
+fn highest_moments(r: &Replay, xs: &[i64], x_end: i64, n: usize) -> Vec<usize> {
+    let mut highest: Vec<Option<usize>> = vec![None; n];
+    for (i, &x) in xs.iter().enumerate() {
+        let c = column_of(x, n, x_end);
+        if highest[c].is_none_or(|h| r.allocated[i] > r.allocated[h]) {
+            highest[c] = Some(i);
+        }
+    }
+    highest.into_iter().flatten().collect()
+}
+
 /// The fine columns: each column's extremes, so no peak is lost at any zoom.
 fn fine(r: &Replay, xs: &[i64], x_end: i64, columns: usize) -> Fine {
     let n = columns.min(xs.len()).max(1);
-    let column = |x: i64| ((x as i128 * n as i128 / (x_end as i128 + 1)) as usize).min(n - 1);
+    let column = |x: i64| column_of(x, n, x_end);
     let mut amax = vec![i64::MIN; n];
     let mut amin = vec![i64::MAX; n];
     let mut rmax = vec![i64::MIN; n];
@@ -442,36 +478,277 @@ fn fine(r: &Replay, xs: &[i64], x_end: i64, columns: usize) -> Fine {
     }
 }
 
-/// One grouping's columns, from the series the PNG timelines draw.
-fn grouping(a: &DeviceAnalysis, d: Dimension, xs: &[i64], budget: &Budget) -> Grouping {
-    let s = series::build(
-        a,
-        d,
-        series::XAxis::Time,
-        budget.columns.min(xs.len()).max(1),
-        budget.groups,
+/// What changes allocated memory, in event order: each event that starts or ends an
+/// allocation, with the bytes it adds (or takes) and the allocation's label and stack, so that
+/// each grouping's passes read these arrays in order instead of reaching back into the trace.
+struct Changes {
+    /// The event of each change.
+    event: Vec<u32>,
+    /// Bytes added (positive) or taken (negative).
+    delta: Vec<i64>,
+    /// The allocation's label id.
+    label: Vec<u32>,
+    /// The allocation's stack.
+    stack: Vec<u32>,
+    /// Label ids of the blocks from before the trace.
+    label_of_pre: Vec<u32>,
+    /// The distinct labels.
+    labels: Vec<crate::attribute::Label>,
+}
+
+impl Changes {
+    fn of(a: &DeviceAnalysis) -> Changes {
+        let r = &a.replay;
+        let events = a.snap.trace(r.device);
+        let mut ids: FxHashMap<crate::attribute::Label, u32> = FxHashMap::default();
+        let mut labels = Vec::new();
+        let mut id = |l: &crate::attribute::Label| {
+            *ids.entry(*l).or_insert_with(|| {
+                labels.push(*l);
+                labels.len() as u32 - 1
+            })
+        };
+        let label_of_pre: Vec<u32> = a.attribution.preexisting.iter().map(&mut id).collect();
+        let mut label_of_event = vec![u32::MAX; events.len()];
+        let mut out = Changes {
+            event: Vec::new(),
+            delta: Vec::new(),
+            label: Vec::new(),
+            stack: Vec::new(),
+            label_of_pre: Vec::new(),
+            labels: Vec::new(),
+        };
+        let mut push = |i: usize, delta: i64, label: u32, stack: StackId| {
+            out.event.push(i as u32);
+            out.delta.push(delta);
+            out.label.push(label);
+            out.stack.push(stack.0);
+        };
+        let mut last: Option<(crate::attribute::Label, u32)> = None;
+        for (i, e) in events.iter().enumerate() {
+            match e.action {
+                Action::Alloc => {
+                    let l = &a.attribution.labels[i];
+                    // neighbours mostly share their label
+                    let lid = match last {
+                        Some((prev, lid)) if prev == *l => lid,
+                        _ => id(l),
+                    };
+                    last = Some((*l, lid));
+                    label_of_event[i] = lid;
+                    push(i, r.bytes[i] as i64, lid, e.stack);
+                }
+                Action::FreeRequested | Action::FreeCompleted => {
+                    let p = r.partner[i];
+                    if p == NONE {
+                        continue;
+                    }
+                    if p & crate::replay::PREEXISTING != 0 {
+                        let k = (p & !crate::replay::PREEXISTING) as usize;
+                        let b = &r.preexisting[k];
+                        if b.freed_at as usize == i {
+                            push(i, -(b.size as i64), label_of_pre[k], b.stack);
+                        }
+                    } else if r.partner[p as usize] as usize == i {
+                        let k = p as usize;
+                        push(i, -(r.bytes[k] as i64), label_of_event[k], events[k].stack);
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.label_of_pre = label_of_pre;
+        out.labels = labels;
+        out
+    }
+}
+
+/// The group of each change in one grouping.
+struct Named {
+    dimension: Dimension,
+    names: Vec<String>,
+    /// Group of each label (every grouping but sites depends on the label alone).
+    by_label: Vec<u32>,
+    /// Sites: the group of each change.
+    of_change: Option<Vec<u32>>,
+    /// Group of each block from before the trace.
+    of_pre: Vec<u32>,
+}
+
+impl Named {
+    fn of(a: &DeviceAnalysis, d: Dimension, changes: &Changes) -> Named {
+        let mut keyer = a.keyer();
+        let mut names: Vec<String> = Vec::new();
+        let mut by_name: FxHashMap<String, u32> = FxHashMap::default();
+        let mut name_id = |name: String| {
+            let n = names.len() as u32;
+            *by_name.entry(name).or_insert_with_key(|k| {
+                names.push(k.clone());
+                n
+            })
+        };
+        let site = d == Dimension::Site;
+        let mut by_label: Vec<u32> = vec![u32::MAX; changes.labels.len()];
+        let mut by_site: FxHashMap<(u32, u32), u32> = FxHashMap::default();
+        let mut group = |lid: u32, stack: StackId| -> u32 {
+            let l = &changes.labels[lid as usize];
+            if site {
+                *by_site
+                    .entry((lid, stack.0))
+                    .or_insert_with(|| name_id(keyer.key(d, l, stack)))
+            } else {
+                let g = &mut by_label[lid as usize];
+                if *g == u32::MAX {
+                    *g = name_id(keyer.key(d, l, stack));
+                }
+                *g
+            }
+        };
+        let of_pre = changes
+            .label_of_pre
+            .iter()
+            .zip(&a.replay.preexisting)
+            .map(|(&lid, p)| group(lid, p.stack))
+            .collect();
+        let of_change = site.then(|| {
+            // neighbours mostly share their site
+            let mut last = (u32::MAX, u32::MAX, 0);
+            changes
+                .label
+                .iter()
+                .zip(&changes.stack)
+                .map(|(&lid, &stack)| {
+                    if (lid, stack) != (last.0, last.1) {
+                        last = (lid, stack, group(lid, StackId(stack)));
+                    }
+                    last.2
+                })
+                .collect()
+        });
+        if !site {
+            for lid in 0..changes.labels.len() {
+                group(lid as u32, StackId::EMPTY);
+            }
+        }
+        Named {
+            dimension: d,
+            names,
+            by_label,
+            of_change,
+            of_pre,
+        }
+    }
+
+    /// The group of change `k`.
+    fn group_of(&self, changes: &Changes, k: usize) -> u32 {
+        match &self.of_change {
+            Some(of) => of[k],
+            None => self.by_label[changes.label[k] as usize],
+        }
+    }
+}
+
+/// One grouping's columns: the bands the PNG timelines draw (memory from before the trace
+/// first, then the largest groups at the peak, then the largest at other times, the rest
+/// together), each column showing its highest moment.
+fn grouping(
+    a: &DeviceAnalysis,
+    n: &Named,
+    changes: &Changes,
+    (xs, moments): (&[i64], &[usize]),
+    budget: &Budget,
+) -> Grouping {
+    let r = &a.replay;
+    // the most each group ever held at once
+    let mut now = vec![0i64; n.names.len()];
+    let mut most = vec![0i64; n.names.len()];
+    for (k, p) in r.preexisting.iter().enumerate() {
+        if p.live {
+            now[n.of_pre[k] as usize] += p.size as i64;
+        }
+    }
+    most.copy_from_slice(&now);
+    for (k, &delta) in changes.delta.iter().enumerate() {
+        let g = n.group_of(changes, k) as usize;
+        now[g] += delta;
+        most[g] = most[g].max(now[g]);
+    }
+    // the bands
+    let mut keyer = a.keyer();
+    let before = keyer.key(
+        n.dimension,
+        &crate::attribute::Label::BEFORE_TRACE,
+        StackId::EMPTY,
     );
-    let mut groups = s.groups.clone();
-    let last = groups.len() - 1;
+    let mut over_time: Vec<usize> = (0..n.names.len()).filter(|&g| most[g] > 0).collect();
+    over_time.sort_by_key(|&g| (std::cmp::Reverse(most[g]), g));
+    let mut groups: Vec<String> = Vec::new();
+    if r.start.allocated > 0 || !r.preexisting.is_empty() {
+        groups.push(before.clone());
+    }
+    let at_peak = a.peak_shares(n.dimension).iter().map(|s| s.label.clone());
+    for label in at_peak.chain(over_time.iter().map(|&g| n.names[g].clone())) {
+        if groups.len() >= budget.groups {
+            break;
+        }
+        if label != before && !groups.contains(&label) {
+            groups.push(label);
+        }
+    }
+    if groups.is_empty() {
+        groups.push(before);
+    }
+    let other = groups.len();
+    let band_of: Vec<usize> = n
+        .names
+        .iter()
+        .map(|name| groups.iter().position(|g| g == name).unwrap_or(other))
+        .collect();
+    let folded = band_of.iter().filter(|&&b| b == other).count();
+    groups.push(series::OTHER.to_string());
+    // the columns
+    let bands = groups.len();
+    let mut totals = vec![0i64; bands];
+    for (k, p) in r.preexisting.iter().enumerate() {
+        if p.live {
+            totals[band_of[n.of_pre[k] as usize]] += p.size as i64;
+        }
+    }
+    // with rounded sizes the difference belongs to the memory from before the trace
+    let start_sum: i64 = totals.iter().sum();
+    totals[0] += r.start.allocated as i64 - start_sum;
+    // the bands' bytes at each column's highest moment, met in event order (a clock that
+    // goes back puts a later event in an earlier column)
+    let mut order: Vec<usize> = (0..moments.len()).collect();
+    order.sort_by_key(|&c| moments[c]);
+    let mut best: Vec<(usize, Vec<i64>)> = moments.iter().map(|&i| (i, Vec::new())).collect();
+    let mut k = 0;
+    for c in order {
+        let i = moments[c];
+        while k < changes.event.len() && changes.event[k] as usize <= i {
+            totals[band_of[n.group_of(changes, k) as usize]] += changes.delta[k];
+            k += 1;
+        }
+        best[c].1 = totals.clone();
+    }
     let colours = palette::assign(&groups)
         .into_iter()
         .map(|c| format!("#{:02x}{:02x}{:02x}", c.0, c.1, c.2))
         .collect();
-    groups[last] = if s.folded > 0 {
-        format!("{} more", s.folded)
+    groups[other] = if folded > 0 {
+        format!("{folded} more")
     } else {
         "other".to_string()
     };
-    let g = groups.len();
-    let bytes = (0..g).flat_map(|k| s.columns.iter().map(move |c| c.groups[k] as i64));
+    let values = (0..bands).flat_map(|k| best.iter().map(move |b| b.1[k].max(0)));
     Grouping {
-        dimension: d.as_str(),
+        dimension: n.dimension.as_str(),
         groups,
         colours,
-        folded: s.folded,
-        ev: pack(s.columns.iter().map(|c| c.event as i64)),
-        x: pack(s.columns.iter().map(|c| xs.get(c.event).copied().unwrap_or(0))),
-        bytes: pack(bytes.collect::<Vec<_>>()),
+        folded,
+        ev: pack(best.iter().map(|b| b.0 as i64)),
+        x: pack(best.iter().map(|b| xs[b.0])),
+        bytes: pack(values.collect::<Vec<_>>()),
     }
 }
 
@@ -512,12 +789,7 @@ impl StackTable {
             let shown = if f.line == 0 {
                 snap.str(f.name).to_string()
             } else {
-                format!(
-                    "{} ({}:{})",
-                    snap.str(f.name),
-                    snap.str(f.filename),
-                    f.line
-                )
+                format!("{} ({}:{})", snap.str(f.name), snap.str(f.filename), f.line)
             };
             if frames::is_python(&f) && !frames::is_library(snap, &f) {
                 text.program.push(strings.id(&shown));
@@ -593,22 +865,28 @@ fn blocks(
     };
     let mut keep = vec![false; all.len()];
     if all.len() > 3 * budget.blocks {
-        let mut order: Vec<usize> = (0..all.len()).collect();
-        order.sort_by_key(|&k| (std::cmp::Reverse(all[k].bytes), k));
-        for &k in order.iter().take(budget.blocks) {
-            keep[k] = true;
-        }
-        for &k in order
-            .iter()
-            .filter(|&&k| live_at_peak(&all[k]))
-            .take(budget.blocks)
-        {
-            keep[k] = true;
-        }
+        // the largest of all, and the largest live at the peak: a selection, not a sort
+        let key = |k: &usize| (std::cmp::Reverse(all[*k].bytes), *k);
+        let mut largest = |mut set: Vec<usize>| {
+            if set.len() > budget.blocks {
+                set.select_nth_unstable_by_key(budget.blocks, key);
+                set.truncate(budget.blocks);
+            }
+            for k in set {
+                keep[k] = true;
+            }
+        };
+        largest((0..all.len()).collect());
+        largest((0..all.len()).filter(|&k| live_at_peak(&all[k])).collect());
     } else {
         keep.iter_mut().for_each(|k| *k = true);
     }
-    let kept: Vec<&Carried> = all.iter().zip(&keep).filter(|(_, &k)| k).map(|(b, _)| b).collect();
+    let kept: Vec<&Carried> = all
+        .iter()
+        .zip(&keep)
+        .filter(|(_, &k)| k)
+        .map(|(b, _)| b)
+        .collect();
     let mut keyer = a.keyer();
     let labels = DIMENSIONS
         .iter()

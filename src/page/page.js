@@ -156,6 +156,7 @@
   function xText(x) {
     if (!timeAxis) return "#" + count(Math.round(x));
     const s = x / 1e6;
+    if (s === 0) return "0 s";
     if (Math.abs(s) >= 100) return s.toFixed(0) + " s";
     if (Math.abs(s) >= 1) return s.toFixed(2) + " s";
     return (s * 1000).toFixed(s * 1000 >= 10 ? 1 : 3) + " ms";
@@ -541,6 +542,7 @@
   function momentAtX(x) {
     const v = P(state.panel);
     const gr = v.groupings[0];
+    if (gr.n === 0) return null;
     const c = nearestColumn(gr, x - v.off);
     return { event: gr.ev[c], x: gr.x[c] };
   }
@@ -551,7 +553,9 @@
   }
   function columnOfEvent(gr, event) {
     const i = lowerBound(gr.ev, event);
-    return i < gr.n && gr.ev[i] === event ? i : -1;
+    if (i < gr.n && gr.ev[i] === event) return i;
+    // a trace whose clock went back has its columns out of event order
+    return gr.ev.indexOf(event);
   }
   function renderMoment() {
     const v = P(state.panel), m = state.moment;
@@ -865,6 +869,7 @@
     const fine = v.fine, n = fine.n;
     const c = Math.min(n - 1, Math.max(0, Math.floor(((x - v.off) * n) / (v.xEnd + 1))));
     const gr = v.groupings[state.dim];
+    if (gr.n === 0) { tip.style.display = "none"; return; }
     const gc = nearestColumn(gr, x - v.off);
     const parts = gr.groups.map((name, k) => [name, gr.rows[k][gc], gr.colours[k]]).filter((p) => p[1] > 0).sort((a, b) => b[1] - a[1]).slice(0, 6);
     tip.replaceChildren(el("b", { text: xText(x) }), el("br"),

@@ -1,22 +1,24 @@
-// Opens a page of `memsnap view` in headless Chromium, uses it as a person would, and prints
-// what it saw as one JSON object (tests/view.rs compares it with memsnap's own figures).
+// Opens pages of `memsnap view` in headless Chromium, uses them as a person would, and prints
+// what it saw, one JSON object per page (tests/view.rs compares them with memsnap's figures).
 //
-//   node check.mjs PAGE.html OUT_DIR [--ranks] [--interact]
+//   node check.mjs JOBS.json
 //
-// Without --interact only loading is measured (first paint, errors, requests, the cards).
+// JOBS.json: [{"page": "a.html", "out": "DIR", "interact": true, "ranks": false}, ...]. Without
+// interact only loading is checked (first paint, errors, requests, the figures shown, the
+// peak's breakdown); screenshots go to `out` when it is given.
 import { chromium } from "playwright-core";
 import path from "node:path";
 
-const [pagePath, outDir, ...flags] = process.argv.slice(2);
-const interact = flags.includes("--interact");
-const ranks = flags.includes("--ranks");
+import fs from "node:fs";
+
+const jobs = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
 const browser = await chromium.launch({
   executablePath: process.env.MEMSNAP_CHROMIUM || "/usr/bin/chromium",
   args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"],
 });
-const url = "file://" + path.resolve(pagePath);
-const result = { consoleErrors: [], pageErrors: [], requests: [] };
+let url = null;
+let result = null;
 
 async function open(viewport, scheme) {
   const context = await browser.newContext({ viewport, colorScheme: scheme, deviceScaleFactor: 1 });
@@ -53,72 +55,89 @@ const moment = (page) => page.evaluate(() => {
   return { event: Number(m.dataset.event), allocated: Number(m.dataset.bytes), by, blocks, flame };
 });
 
-const { context, page, wall } = await open({ width: 1280, height: 720 }, "light");
-result.loadMs = wall;
-result.firstPaintMs = await page.evaluate(() => window.memsnapView.firstPaint);
-result.fcpMs = await page.evaluate(() => (performance.getEntriesByName("first-contentful-paint")[0] || {}).startTime ?? null);
-result.shown = await cards(page);
-result.panels = await page.evaluate(() => window.memsnapView.data.panels.length);
-await page.screenshot({ path: path.join(outDir, "desktop.png") });
+const results = [];
+for (const job of jobs) {
+  url = "file://" + path.resolve(job.page);
+  result = { page: job.page, consoleErrors: [], pageErrors: [], requests: [] };
+  try {
+    await check(job.out, !!job.interact, !!job.ranks);
+  } catch (e) {
+    result.pageErrors.push("check failed: " + String(e));
+  }
+  results.push(result);
+}
+await browser.close();
+process.stdout.write(JSON.stringify(results) + "\n");
 
-if (interact) {
-  // the peak button, then a click at 40% of the chart's width
+async function check(outDir, interact, ranks) {
+  const { context, page, wall } = await open({ width: 1280, height: 720 }, "light");
+  result.loadMs = wall;
+  result.firstPaintMs = await page.evaluate(() => window.memsnapView.firstPaint);
+  result.fcpMs = await page.evaluate(() => (performance.getEntriesByName("first-contentful-paint")[0] || {}).startTime ?? null);
+  result.shown = await cards(page);
+  result.panels = await page.evaluate(() => window.memsnapView.data.panels.length);
   await page.click('[data-testid="peak-button"]');
   result.peakMoment = await moment(page);
-  const box = await page.locator("#main").boundingBox();
-  const left = box.x + 70, right = box.x + box.width - 14;
-  await page.mouse.click(left + 0.4 * (right - left), box.y + box.height / 2);
-  result.clickedMoment = await moment(page);
-  // zoom: the wheel at the middle, twice, then pan with keys; every draw is timed
-  const before = await page.evaluate(() => [window.memsnapView.state.x0, window.memsnapView.state.x1]);
-  await page.evaluate(() => { window.memsnapView.drawTimes.length = 0; });
-  await page.mouse.move(left + 0.5 * (right - left), box.y + box.height / 2);
-  for (let k = 0; k < 6; k++) { await page.mouse.wheel(0, -200); }
-  await page.keyboard.press("ArrowRight");
-  await page.keyboard.press("ArrowLeft");
-  for (let k = 0; k < 3; k++) { await page.keyboard.press("+"); }
-  const after = await page.evaluate(() => [window.memsnapView.state.x0, window.memsnapView.state.x1]);
-  result.zoom = { before, after };
-  result.drawMs = await page.evaluate(() => window.memsnapView.drawTimes.slice());
-  // drag a range to zoom into it
-  await page.keyboard.press("0");
-  await page.mouse.move(left + 0.2 * (right - left), box.y + 100);
-  await page.mouse.down();
-  await page.mouse.move(left + 0.3 * (right - left), box.y + 120, { steps: 4 });
-  await page.mouse.up();
-  result.dragged = await page.evaluate(() => [window.memsnapView.state.x0, window.memsnapView.state.x1]);
-  // a step row zooms to its step
-  const rows = await page.locator('[data-testid="steps-table"] tbody tr').count();
-  if (rows > 0) {
-    const k = Math.floor(rows / 2);
-    await page.locator('[data-testid="steps-table"] tbody tr').nth(k).click();
-    result.stepZoom = { row: k, view: await page.evaluate(() => [window.memsnapView.state.x0, window.memsnapView.state.x1]),
-      moment: await moment(page) };
-  }
-  // each grouping draws
-  for (const key of ["2", "3", "4", "5", "1"]) await page.keyboard.press(key);
-  result.legends = await page.evaluate(() => document.querySelector('[data-testid="legend"]').children.length);
-  await page.keyboard.press("0");
-  await page.click('[data-testid="peak-button"]');
-  await page.screenshot({ path: path.join(outDir, "desktop-peak.png"), fullPage: true });
-  if (ranks) {
-    result.ranks = [];
-    const n = result.panels;
-    for (let k = 0; k < Math.min(n, 64); k++) {
-      await page.evaluate((k) => window.memsnapView.choosePanel(k), k);
-      const c = await cards(page);
-      result.ranks.push({ peakAllocated: c.peakAllocated, file: c.file });
-    }
-    await page.evaluate(() => window.memsnapView.choosePanel(0));
-  }
-  result.maxDrawMs = Math.max(0, ...result.drawMs);
-}
-await context.close();
+  if (outDir) await page.screenshot({ path: path.join(outDir, "desktop.png") });
 
-// a phone, in the dark
-const phone = await open({ width: 390, height: 844 }, "dark");
-result.phone = { scrollWidth: await phone.page.evaluate(() => document.documentElement.scrollWidth) };
-await phone.page.screenshot({ path: path.join(outDir, "phone-dark.png") });
-await phone.context.close();
-await browser.close();
-process.stdout.write(JSON.stringify(result) + "\n");
+  if (interact) {
+    // a click at 40% of the chart's width
+    const box = await page.locator("#main").boundingBox();
+    const left = box.x + 70, right = box.x + box.width - 14;
+    await page.mouse.click(left + 0.4 * (right - left), box.y + box.height / 2);
+    result.clickedMoment = await moment(page);
+    // zoom: the wheel at the middle, twice, then pan with keys; every draw is timed
+    const before = await page.evaluate(() => [window.memsnapView.state.x0, window.memsnapView.state.x1]);
+    await page.evaluate(() => { window.memsnapView.drawTimes.length = 0; });
+    await page.mouse.move(left + 0.5 * (right - left), box.y + box.height / 2);
+    for (let k = 0; k < 6; k++) { await page.mouse.wheel(0, -200); }
+    await page.keyboard.press("ArrowRight");
+    await page.keyboard.press("ArrowLeft");
+    for (let k = 0; k < 3; k++) { await page.keyboard.press("+"); }
+    const after = await page.evaluate(() => [window.memsnapView.state.x0, window.memsnapView.state.x1]);
+    result.zoom = { before, after };
+    result.drawMs = await page.evaluate(() => window.memsnapView.drawTimes.slice());
+    // drag a range to zoom into it
+    await page.keyboard.press("0");
+    await page.mouse.move(left + 0.2 * (right - left), box.y + 100);
+    await page.mouse.down();
+    await page.mouse.move(left + 0.3 * (right - left), box.y + 120, { steps: 4 });
+    await page.mouse.up();
+    result.dragged = await page.evaluate(() => [window.memsnapView.state.x0, window.memsnapView.state.x1]);
+    // a step row zooms to its step
+    const rows = await page.locator('[data-testid="steps-table"] tbody tr').count();
+    if (rows > 0) {
+      const k = Math.floor(rows / 2);
+      await page.locator('[data-testid="steps-table"] tbody tr').nth(k).click();
+      result.stepZoom = { row: k, view: await page.evaluate(() => [window.memsnapView.state.x0, window.memsnapView.state.x1]),
+        moment: await moment(page) };
+    }
+    // each grouping draws
+    for (const key of ["2", "3", "4", "5", "1"]) await page.keyboard.press(key);
+    result.legends = await page.evaluate(() => document.querySelector('[data-testid="legend"]').children.length);
+    await page.keyboard.press("0");
+    await page.click('[data-testid="peak-button"]');
+    if (outDir) await page.screenshot({ path: path.join(outDir, "desktop-peak.png"), fullPage: true });
+    if (ranks) {
+      result.ranks = [];
+      const n = result.panels;
+      for (let k = 0; k < Math.min(n, 64); k++) {
+        await page.evaluate((k) => window.memsnapView.choosePanel(k), k);
+        const c = await cards(page);
+        result.ranks.push({ peakAllocated: c.peakAllocated, file: c.file });
+      }
+      await page.evaluate(() => window.memsnapView.choosePanel(0));
+    }
+    result.maxDrawMs = Math.max(0, ...result.drawMs);
+  }
+  await context.close();
+
+  if (interact) {
+    // a phone, in the dark
+    const phone = await open({ width: 390, height: 844 }, "dark");
+    await phone.page.click('[data-testid="peak-button"]');
+    result.phone = { scrollWidth: await phone.page.evaluate(() => document.documentElement.scrollWidth) };
+    if (outDir) await phone.page.screenshot({ path: path.join(outDir, "phone-dark.png") });
+    await phone.context.close();
+  }
+}
