@@ -148,9 +148,25 @@ fn choose_groups(
     by: Dimension,
     max_groups: usize,
 ) -> Vec<String> {
-    let replay = &a.replay;
     let before = keyer.key(by, &Label::BEFORE_TRACE, StackId::EMPTY);
     let elsewhere = largest_over_time(a, keyer, by);
+    let mut groups = bands(a, by, before, elsewhere.into_iter(), max_groups);
+    groups.push(OTHER.to_string());
+    groups
+}
+
+/// The bands of grouping `by`, without [`OTHER`]: `before` (the group of memory from before
+/// the trace) first when there is any, then the largest groups at the peak, then `elsewhere`
+/// (the largest at other times, largest first), at most `max_groups` in all. The PNG
+/// timelines and the page choose their bands here.
+pub(crate) fn bands(
+    a: &DeviceAnalysis,
+    by: Dimension,
+    before: String,
+    elsewhere: impl Iterator<Item = String>,
+    max_groups: usize,
+) -> Vec<String> {
+    let replay = &a.replay;
     let mut groups: Vec<String> = Vec::new();
     if replay.start.allocated > 0 || !replay.preexisting.is_empty() {
         groups.push(before.clone());
@@ -169,7 +185,6 @@ fn choose_groups(
     if groups.is_empty() {
         groups.push(before);
     }
-    groups.push(OTHER.to_string());
     groups
 }
 

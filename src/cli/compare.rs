@@ -102,6 +102,19 @@ pub(super) fn expand(inputs: &[PathBuf], recursive: bool) -> (Vec<PathBuf>, bool
     (files.into_iter().map(|(f, _)| f).collect(), any_dir)
 }
 
+/// The error for inputs that [`expand`] found no snapshot in.
+pub(super) fn no_inputs(inputs: &[PathBuf], recursive: bool) -> memsnap::Error {
+    let hint = if recursive {
+        ""
+    } else {
+        " (sub-folders are not searched without --recursive)"
+    };
+    memsnap::Error::new(
+        &inputs[0],
+        UsageError::NoInputs { hint: hint.into() }.into(),
+    )
+}
+
 /// Whether the file or folder at `path` is met for the first time (by device and inode, so
 /// that links and other paths to it count as the same).
 fn first_time(path: &Path, seen: &mut Vec<(u64, u64)>) -> bool {
@@ -263,16 +276,7 @@ pub fn run(args: CompareArgs) -> Result<(), Failure> {
     let options = args.input.analysis()?;
     let (files, any_dir) = expand(&args.inputs, args.recursive);
     if files.is_empty() {
-        let hint = if args.recursive {
-            ""
-        } else {
-            " (sub-folders are not searched without --recursive)"
-        };
-        return Err(memsnap::Error::new(
-            &args.inputs[0],
-            UsageError::NoInputs { hint: hint.into() }.into(),
-        )
-        .into());
+        return Err(no_inputs(&args.inputs, args.recursive).into());
     }
     if files.len() == 1 && !any_dir && !is_summary_name(&files[0]) {
         return Err(memsnap::Error::new(&files[0], UsageError::OneInput.into()).into());

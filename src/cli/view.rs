@@ -55,18 +55,7 @@ pub fn run(args: ViewArgs) -> Result<(), Failure> {
     let options = args.input.analysis()?;
     let (files, _) = super::compare::expand(&args.inputs, args.recursive);
     if files.is_empty() {
-        return Err(memsnap::Error::new(
-            &args.inputs[0],
-            memsnap::error::UsageError::NoInputs {
-                hint: if args.recursive {
-                    String::new()
-                } else {
-                    " (sub-folders are not searched without --recursive)".into()
-                },
-            }
-            .into(),
-        )
-        .into());
+        return Err(super::compare::no_inputs(&args.inputs, args.recursive).into());
     }
     let (out, naming) = match &args.output {
         Some(o) => (o.clone(), Naming::Named),

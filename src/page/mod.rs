@@ -682,22 +682,8 @@ fn grouping(
     );
     let mut over_time: Vec<usize> = (0..n.names.len()).filter(|&g| most[g] > 0).collect();
     over_time.sort_by_key(|&g| (std::cmp::Reverse(most[g]), g));
-    let mut groups: Vec<String> = Vec::new();
-    if r.start.allocated > 0 || !r.preexisting.is_empty() {
-        groups.push(before.clone());
-    }
-    let at_peak = a.peak_shares(n.dimension).iter().map(|s| s.label.clone());
-    for label in at_peak.chain(over_time.iter().map(|&g| n.names[g].clone())) {
-        if groups.len() >= budget.groups {
-            break;
-        }
-        if label != before && !groups.contains(&label) {
-            groups.push(label);
-        }
-    }
-    if groups.is_empty() {
-        groups.push(before);
-    }
+    let elsewhere = over_time.iter().map(|&g| n.names[g].clone());
+    let mut groups = series::bands(a, n.dimension, before, elsewhere, budget.groups);
     let other = groups.len();
     let band_of: Vec<usize> = n
         .names
