@@ -310,10 +310,16 @@ fn simulation(plain: &Path) {
     let shift = (n + replay.preexisting.len()) as u32;
     for &(event, op) in &once.ops {
         let op = match op {
-            Op::Alloc { req, size, stream } => Op::Alloc {
+            Op::Alloc {
+                req,
+                size,
+                stream,
+                pool,
+            } => Op::Alloc {
                 req: req + shift,
                 size,
                 stream,
+                pool,
             },
             Op::Free { req, now } => Op::Free {
                 req: req + shift,

@@ -793,6 +793,7 @@ mod tests {
                 user_metadata: Default::default(),
                 forward_frames: 0,
                 block_surplus: 0,
+                pool: crate::snapshot::PoolId::UNKNOWN,
                 action,
             })
             .collect();

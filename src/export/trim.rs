@@ -500,6 +500,12 @@ impl<'a, W: Write> SnapshotWriter<'a, W> {
         self.pickle.int(ev.stream.into())?;
         self.word("time_us")?;
         self.pickle.int(ev.time_us.into())?;
+        if let Some((a, b)) = ev.pool.pair() {
+            self.word("pool_id")?;
+            self.pickle.int(a.into())?;
+            self.pickle.int(b.into())?;
+            self.pickle.tuple2()?;
+        }
         if let (Some(block), Action::FreeRequested | Action::FreeCompleted) =
             (block_size, ev.action)
         {

@@ -484,7 +484,7 @@ impl Replayer<'_> {
                 allocated: t.allocated,
                 reserved: t.reserved,
             }),
-            Action::Snapshot | Action::Unknown => {}
+            Action::Snapshot | Action::Annotate | Action::Unknown => {}
         }
     }
 

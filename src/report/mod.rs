@@ -330,6 +330,7 @@ mod tests {
             user_metadata: StrId(0),
             forward_frames: 0,
             block_surplus: 0,
+            pool: crate::snapshot::PoolId::UNKNOWN,
             action,
         }
     }

@@ -134,6 +134,9 @@ pub fn simulate(
             .collect()
     });
     let mut m = Model::new(&options.conf, options.cap, virtual_bytes, lowest, addresses);
+    for (k, id) in program.pools.iter().enumerate().skip(1) {
+        m.add_pool(k as u16, id.is_graph());
+    }
     let from_recorded = options.conf.same_layout(recorded);
     let mut out = Outcome {
         alloc_conf: options.conf.to_string(),
@@ -155,7 +158,7 @@ pub fn simulate(
         );
     } else {
         for b in &program.before {
-            if let Err(f) = m.malloc(b.req, b.size, b.stream) {
+            if let Err(f) = m.malloc_in(b.req, b.size, b.stream, b.pool) {
                 out.oom = Some(failure(&m, 0, f, false));
                 break;
             }
@@ -199,10 +202,23 @@ fn run_ops(m: &mut Model, program: &Program, out: &mut Outcome) {
         }
         m.event = event;
         let result = match op {
-            Op::Alloc { req, size, stream } => {
-                m.malloc(req, size, stream).err().map(|f| (f, false))
+            Op::Alloc {
+                req,
+                size,
+                stream,
+                pool,
+            } => m
+                .malloc_in(req, size, stream, pool)
+                .err()
+                .map(|f| (f, false)),
+            Op::Fail { size, stream, pool } => m
+                .malloc_in(u32::MAX, size, stream, pool)
+                .err()
+                .map(|f| (f, true)),
+            Op::ReleasePool { pool, now } => {
+                m.release_pool(pool, now);
+                None
             }
-            Op::Fail { size, stream } => m.malloc(u32::MAX, size, stream).err().map(|f| (f, true)),
             Op::Free { req, now } => {
                 m.free(req, now);
                 None

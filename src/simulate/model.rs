@@ -2,7 +2,9 @@
 //! for one device: the small and large pools, best-fit search on the request's stream, block
 //! splitting and merging, `max_split_size`, expandable segments mapped in pages, the memory
 //! cap, garbage collection, and what the allocator does before giving up (release oversize
-//! blocks, then every cached segment, then retry).
+//! blocks, then every cached segment, then retry). Private pools (CUDA graphs, `MemPool`s)
+//! each have their own small and large pools, searched only by their own requests, and give
+//! their cache back only once released.
 //!
 //! Written by hand: no library models this allocator. Blocks live in an arena and link to
 //! their neighbours by index, as the C++ links them by pointer; each pool's free blocks are an
@@ -27,6 +29,11 @@ const MIN_BLOCK: u64 = 512;
 const NIL: u32 = u32::MAX;
 const SMALL: usize = 0;
 const LARGE: usize = 1;
+
+/// The block pool of private pool `p` (0 = the default pool) for small or large blocks.
+fn slot(p: u16, small: bool) -> usize {
+    2 * p as usize + if small { SMALL } else { LARGE }
+}
 
 /// The segment a new `cudaMalloc` of `size` bytes gets for a request rounded to `rounded`.
 pub fn allocation_size(rounded: u64) -> u64 {
@@ -121,9 +128,19 @@ pub struct Model {
     cap: Option<u64>,
     blocks: Vec<Block>,
     spare: Vec<u32>,
-    free: [BTreeSet<(i64, u64, u64, u32)>; 2],
-    unmapped: [BTreeSet<(i64, u64, u32)>; 2],
-    gc_calls: [i64; 2],
+    /// Per block pool ([`slot`]): free blocks by (stream, size, address).
+    free: Vec<BTreeSet<(i64, u64, u64, u32)>>,
+    /// Per block pool: unmapped ranges of expandable segments by (stream, address).
+    unmapped: Vec<BTreeSet<(i64, u64, u32)>>,
+    gc_calls: Vec<i64>,
+    /// Per private pool: released (its graph reset, its `MemPool` gone), so its cache is
+    /// given back like the default pool's.
+    released: Vec<bool>,
+    /// The released private pools, in the order their cache is given back.
+    release_order: Vec<u16>,
+    /// Per private pool: a CUDA graph's own, whose requests come during a capture, when a
+    /// failed request is not retried after releasing the cache.
+    capturing: Vec<bool>,
     /// Reserved bytes (`total_allocated_memory`: segments plus mapped pages).
     pub reserved: u64,
     /// Allocated bytes (`memory_allocated()`).
@@ -159,9 +176,12 @@ impl Model {
             cap,
             blocks: Vec::new(),
             spare: Vec::new(),
-            free: [BTreeSet::new(), BTreeSet::new()],
-            unmapped: [BTreeSet::new(), BTreeSet::new()],
-            gc_calls: [0; 2],
+            free: vec![BTreeSet::new(), BTreeSet::new()],
+            unmapped: vec![BTreeSet::new(), BTreeSet::new()],
+            gc_calls: vec![0; 2],
+            released: vec![true],
+            release_order: Vec::new(),
+            capturing: vec![false],
             reserved: 0,
             allocated: 0,
             live: FxHashMap::default(),
@@ -181,13 +201,47 @@ impl Model {
         }
     }
 
-    /// Places the segments and blocks recorded at trace start: `streams[i]` is the stream and
-    /// pool (`small`) of `layout[i]`; a block holding an allocation gets request id
-    /// `first_req + k` for its pre-existing index `k`.
-    pub fn load(&mut self, layout: &[StartSegment], streams: &[(i64, bool)], first_req: u32) {
+    /// Makes room for private pool `p`; `graph` when a CUDA graph made it for itself.
+    pub fn add_pool(&mut self, p: u16, graph: bool) {
+        let n = p as usize + 1;
+        if self.released.len() < n {
+            self.released.resize(n, false);
+            self.capturing.resize(n, false);
+            self.free.resize_with(2 * n, BTreeSet::new);
+            self.unmapped.resize_with(2 * n, BTreeSet::new);
+            self.gc_calls.resize(2 * n, 0);
+        }
+        self.capturing[p as usize] = graph;
+    }
+
+    /// Private pool `p` was released (its graph reset, its `MemPool` destroyed): its cached
+    /// segments go back at every later release of the cache, after the default pool's and
+    /// those of pools released before it; with `now`, they go back at once, the small
+    /// pool's first (as a `MemPool` going away gives them back).
+    pub fn release_pool(&mut self, p: u16, now: bool) {
+        if p == 0 {
+            return;
+        }
+        let graph = self.capturing.get(p as usize).copied().unwrap_or(false);
+        self.add_pool(p, graph);
+        if !self.released[p as usize] {
+            self.released[p as usize] = true;
+            self.release_order.push(p);
+        }
+        if now {
+            self.release_blocks(slot(p, true));
+            self.release_blocks(slot(p, false));
+        }
+    }
+
+    /// Places the segments and blocks recorded at trace start: `streams[i]` is the stream,
+    /// whether small, and private pool of `layout[i]`; a block holding an allocation gets
+    /// request id `first_req + k` for its pre-existing index `k`.
+    pub fn load(&mut self, layout: &[StartSegment], streams: &[(i64, bool, u16)], first_req: u32) {
         let mut expandable: Vec<(usize, i64, &StartSegment)> = Vec::new();
-        for (seg, &(stream, small)) in layout.iter().zip(streams) {
-            let pool = if small { SMALL } else { LARGE };
+        for (seg, &(stream, small, p)) in layout.iter().zip(streams) {
+            self.add_pool(p, self.capturing.get(p as usize).copied().unwrap_or(false));
+            let pool = slot(p, small);
             if seg.expandable {
                 expandable.push((pool, stream, seg));
                 continue;
@@ -334,17 +388,25 @@ impl Model {
 
     fn remove_free(&mut self, i: u32) {
         let key = self.key(i);
-        self.free[self.b(i).pool].remove(&key);
+        let pool = self.b(i).pool;
+        self.free[pool].remove(&key);
     }
 
     fn gc_on(&self) -> bool {
         self.cap.is_some() && self.conf.garbage_collection_threshold > 0.0
     }
 
-    /// `malloc`: serves request `req` of `size` bytes on `stream`, or fails as PyTorch would.
+    /// `malloc` in the default pool.
     pub fn malloc(&mut self, req: u32, size: u64, stream: i64) -> Result<(), Failure> {
+        self.malloc_in(req, size, stream, 0)
+    }
+
+    /// `malloc`: serves request `req` of `size` bytes on `stream` from private pool `p` (0 =
+    /// the default pool), or fails as PyTorch would.
+    pub fn malloc_in(&mut self, req: u32, size: u64, stream: i64, p: u16) -> Result<(), Failure> {
         let rounded = self.rules.round(size);
-        let pool = if rounded <= SMALL_SIZE { SMALL } else { LARGE };
+        self.add_pool(p, self.capturing.get(p as usize).copied().unwrap_or(false));
+        let pool = slot(p, rounded <= SMALL_SIZE);
         let alloc_size = allocation_size(rounded);
         let mut found = self.get_free_block(pool, stream, rounded);
         if found.is_none() {
@@ -355,7 +417,7 @@ impl Model {
             if found.is_none() && self.release_available(pool, stream, rounded) {
                 found = self.alloc_block(pool, stream, rounded, alloc_size);
             }
-            if found.is_none() {
+            if found.is_none() && !self.capturing[p as usize] {
                 self.release_cached();
                 self.retries += 1;
                 found = self.alloc_block(pool, stream, rounded, alloc_size);
@@ -591,7 +653,7 @@ impl Model {
     fn alloc_found(&mut self, mut i: u32, size: u64, req: u32) {
         let b = *self.b(i);
         let remaining = b.size - size;
-        let split = if b.pool == SMALL || self.conf.expandable_segments {
+        let split = if b.pool % 2 == SMALL || self.conf.expandable_segments {
             remaining >= MIN_BLOCK
         } else {
             self.conf.max_split_size.is_none_or(|m| size < m) && remaining > SMALL_SIZE
@@ -709,9 +771,9 @@ impl Model {
         self.log(Action::SegmentUnmap, end - start);
     }
 
-    /// `release_blocks`: frees every cached whole segment of a pool, and unmaps the free pages
-    /// of its expandable segments.
-    fn release_pool(&mut self, pool: usize) {
+    /// `release_blocks`: frees every cached whole segment of a block pool, and unmaps the free
+    /// pages of its expandable segments.
+    fn release_blocks(&mut self, pool: usize) {
         let cached: Vec<u32> = self.free[pool].iter().map(|k| k.3).collect();
         let mut to_unmap = Vec::new();
         for i in cached {
@@ -732,7 +794,7 @@ impl Model {
     }
 
     /// `release_cached_blocks` (also `empty_cache()`): waits for pending frees, then releases
-    /// the large pool and the small pool.
+    /// the large pool and the small pool, then those of each released private pool.
     pub fn release_cached(&mut self) {
         let mut waiting: Vec<(u32, u32)> = self.waiting.drain().collect();
         waiting.sort_unstable();
@@ -740,8 +802,13 @@ impl Model {
             self.bm(i).pending = false;
             self.free_block(i);
         }
-        self.release_pool(LARGE);
-        self.release_pool(SMALL);
+        self.release_blocks(LARGE);
+        self.release_blocks(SMALL);
+        for k in 0..self.release_order.len() {
+            let p = self.release_order[k];
+            self.release_blocks(slot(p, false));
+            self.release_blocks(slot(p, true));
+        }
     }
 
     /// `release_available_cached_blocks`: with `max_split_size` set, frees one cached
@@ -829,7 +896,7 @@ impl Model {
 }
 
 fn page_of(pool: usize) -> u64 {
-    if pool == SMALL {
+    if pool % 2 == SMALL {
         SMALL_BUFFER
     } else {
         LARGE_BUFFER

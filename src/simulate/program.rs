@@ -5,7 +5,7 @@
 //! again under the settings it is given.
 
 use crate::replay::{Replay, NONE, PREEXISTING};
-use crate::snapshot::{Action, SegmentType, Snapshot, TraceEvent, MAX_REAL_SIZE};
+use crate::snapshot::{Action, PoolId, SegmentType, Snapshot, TraceEvent, MAX_REAL_SIZE};
 
 /// One request of the program, in trace order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,6 +18,8 @@ pub enum Op {
         size: u64,
         /// CUDA stream.
         stream: i64,
+        /// Private pool ([`Program::pools`] index; 0 = the default pool).
+        pool: u16,
     },
     /// The program freed `req`; with `now` the block returns to the cache at once, otherwise
     /// it waits for other streams until [`Op::Complete`].
@@ -34,12 +36,23 @@ pub enum Op {
     },
     /// `torch.cuda.empty_cache()`.
     EmptyCache,
+    /// A private pool was released (its graph reset, its `MemPool` destroyed): the recorded
+    /// run gave back segments of that pool.
+    ReleasePool {
+        /// [`Program::pools`] index.
+        pool: u16,
+        /// Its cache went back at once (a `MemPool` going away), not in an `empty_cache()`
+        /// or a release before a retry that follows.
+        now: bool,
+    },
     /// The request that failed in the recorded run (`size` is rounded).
     Fail {
         /// Rounded bytes.
         size: u64,
         /// CUDA stream.
         stream: i64,
+        /// Private pool ([`Program::pools`] index).
+        pool: u16,
     },
 }
 
@@ -53,6 +66,8 @@ pub struct Before {
     pub size: u64,
     /// CUDA stream.
     pub stream: i64,
+    /// Private pool ([`Program::pools`] index).
+    pub pool: u16,
 }
 
 /// One segment-level event of a run, recorded or simulated.
@@ -79,10 +94,13 @@ pub struct Program {
     pub before: Vec<Before>,
     /// Segment events the recorded run made.
     pub recorded_segments: Vec<SegmentEvent>,
-    /// Each segment and block at trace start with its stream and pool: `(stream, small)`.
-    pub start_streams: Vec<(i64, bool)>,
-    /// Whether private pools (CUDA graphs, `MemPool`) were in use: their requests carry no
-    /// pool in the trace, so they cannot be simulated faithfully.
+    /// Each segment at trace start with its stream and pool: `(stream, small, private pool)`.
+    pub start_streams: Vec<(i64, bool, u16)>,
+    /// The pools requests name (`pool_id`, torch after 2.11): index 0 is the default pool.
+    pub pools: Vec<PoolId>,
+    /// Whether private pools (CUDA graphs, `MemPool`) were in use while the trace carries no
+    /// pool ids (torch 2.11 and older): their requests cannot be told apart, so they are
+    /// simulated in the default pools.
     pub private_pools: bool,
     /// Where the recorded allocator was refused memory and released its cache to retry:
     /// `(first event of the releases, the request it was for, whether that size is already
@@ -108,6 +126,20 @@ impl Program {
         let mut skip_completion = vec![false; n];
         let mut recorded_segments = Vec::new();
         let mut refusals = Vec::new();
+        let mut pools = vec![PoolId::DEFAULT];
+        let mut index = |id: PoolId| -> u16 {
+            if !id.is_private() {
+                return 0;
+            }
+            match pools.iter().position(|&p| p == id) {
+                Some(k) => k as u16,
+                None if pools.len() < u16::MAX as usize => {
+                    pools.push(id);
+                    (pools.len() - 1) as u16
+                }
+                None => 0,
+            }
+        };
         let mut i = 0;
         while i < n {
             let e = &events[i];
@@ -119,6 +151,7 @@ impl Program {
                         req: i as u32,
                         size: e.size,
                         stream: e.stream,
+                        pool: index(e.pool),
                     },
                 )),
                 Action::FreeRequested => {
@@ -149,12 +182,28 @@ impl Program {
                             size: s.size,
                         });
                     }
-                    if is_empty_cache(snap, events, i, end) {
-                        ops.push((i, Op::EmptyCache));
-                    } else if events[i..end]
+                    let frees = |e: &&TraceEvent| {
+                        matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)
+                    };
+                    // A private pool that gives segments back was released first; alone, and
+                    // not in `empty_cache()`, it gave them back itself.
+                    let default_frees = events[i..end]
                         .iter()
-                        .any(|e| matches!(e.action, Action::SegmentFree | Action::SegmentUnmap))
-                    {
+                        .filter(frees)
+                        .any(|e| !e.pool.is_private());
+                    let emptied = is_empty_cache(snap, events, i, end);
+                    let mut released: Vec<u16> = Vec::new();
+                    for e in events[i..end].iter().filter(frees) {
+                        let p = index(e.pool);
+                        if p != 0 && !released.contains(&p) {
+                            released.push(p);
+                            let now = !emptied && !default_frees;
+                            ops.push((i, Op::ReleasePool { pool: p, now }));
+                        }
+                    }
+                    if emptied {
+                        ops.push((i, Op::EmptyCache));
+                    } else if default_frees {
                         let request = events[end..].iter().find_map(|e| match e.action {
                             Action::Alloc => Some((e.size, false)),
                             Action::Oom => Some((e.size, true)),
@@ -172,14 +221,16 @@ impl Program {
                     Op::Fail {
                         size: e.size.min(MAX_REAL_SIZE),
                         stream: e.stream,
+                        pool: index(e.pool),
                     },
                 )),
                 _ => {}
             }
             i += 1;
         }
-        let start_streams = start_streams(snap, replay);
-        let before = before_blocks(snap, replay, n);
+        let start_streams = start_streams(snap, replay, &mut index);
+        let before = before_blocks(snap, replay, n, &start_streams);
+        let carries_pools = events.iter().any(|e| e.pool != PoolId::UNKNOWN);
         Program {
             device: replay.device,
             events: n,
@@ -187,7 +238,9 @@ impl Program {
             before,
             recorded_segments,
             start_streams,
-            private_pools: snap.segments_of(replay.device).any(|s| s.pool_id != (0, 0)),
+            private_pools: !carries_pools
+                && snap.segments_of(replay.device).any(|s| s.pool_id != (0, 0)),
+            pools,
             refusals,
         }
     }
@@ -235,8 +288,13 @@ fn is_empty_cache(snap: &Snapshot, events: &[TraceEvent], i: usize, end: usize) 
     !grows && events.get(end).is_none_or(|e| e.action != Action::Oom)
 }
 
-/// The stream and pool (`small`) of each segment at trace start, in the replay's order.
-fn start_streams(snap: &Snapshot, replay: &Replay) -> Vec<(i64, bool)> {
+/// The stream, whether small, and private pool of each segment at trace start, in the
+/// replay's order.
+fn start_streams(
+    snap: &Snapshot,
+    replay: &Replay,
+    index: &mut impl FnMut(PoolId) -> u16,
+) -> Vec<(i64, bool, u16)> {
     let events = snap.trace(replay.device);
     replay
         .start_layout
@@ -247,17 +305,22 @@ fn start_streams(snap: &Snapshot, replay: &Replay) -> Vec<(i64, bool)> {
                 .segments_of(replay.device)
                 .find(|s| s.address < end && seg.address < s.address.saturating_add(s.total_size));
             match recorded {
-                Some(s) => (s.stream, s.segment_type == SegmentType::Small),
+                Some(s) => (
+                    s.stream,
+                    s.segment_type == SegmentType::Small,
+                    index(PoolId::pack(s.pool_id)),
+                ),
                 None => {
-                    let stream = events
-                        .iter()
-                        .find(|e| {
-                            matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)
-                                && e.addr >= seg.address
-                                && e.addr < end
-                        })
-                        .map_or(0, |e| e.stream);
-                    (stream, !seg.expandable && seg.size == 2 << 20)
+                    let release = events.iter().find(|e| {
+                        matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)
+                            && e.addr >= seg.address
+                            && e.addr < end
+                    });
+                    (
+                        release.map_or(0, |e| e.stream),
+                        !seg.expandable && seg.size == 2 << 20,
+                        release.map_or(0, |e| index(e.pool)),
+                    )
                 }
             }
         })
@@ -265,10 +328,15 @@ fn start_streams(snap: &Snapshot, replay: &Replay) -> Vec<(i64, bool)> {
 }
 
 /// The blocks alive before the trace, in address order.
-fn before_blocks(snap: &Snapshot, replay: &Replay, n: usize) -> Vec<Before> {
-    let streams = start_streams(snap, replay);
+fn before_blocks(
+    snap: &Snapshot,
+    replay: &Replay,
+    n: usize,
+    streams: &[(i64, bool, u16)],
+) -> Vec<Before> {
+    let _ = snap;
     let mut out = Vec::new();
-    for (seg, &(stream, _)) in replay.start_layout.iter().zip(&streams) {
+    for (seg, &(stream, _, pool)) in replay.start_layout.iter().zip(streams) {
         for b in &seg.blocks {
             if let Some(k) = b.preexisting {
                 if replay.preexisting.get(k).is_some_and(|p| p.live) {
@@ -276,6 +344,7 @@ fn before_blocks(snap: &Snapshot, replay: &Replay, n: usize) -> Vec<Before> {
                         req: (n + k) as u32,
                         size: if b.requested > 0 { b.requested } else { b.size },
                         stream,
+                        pool,
                     });
                 }
             }

@@ -1002,7 +1002,9 @@ fn build(
     let mut allocations = 0;
     for (at, &(k, copy)) in seq.iter().enumerate() {
         match base.ops[k].1 {
-            Op::Alloc { req, stream, .. } => {
+            Op::Alloc {
+                req, stream, pool, ..
+            } => {
                 let i = req_at_op[k] as usize;
                 let id = at as u32;
                 allocations += 1;
@@ -1013,6 +1015,7 @@ fn build(
                         req: id,
                         size: fits[i].at(u),
                         stream,
+                        pool,
                     },
                 ));
                 if let Some(&(f, now)) = freed.get(&req) {
@@ -1184,6 +1187,7 @@ mod tests {
             before: Vec::new(),
             recorded_segments: Vec::new(),
             start_streams: Vec::new(),
+            pools: vec![crate::snapshot::PoolId::DEFAULT],
             private_pools: false,
             refusals: Vec::new(),
         }
@@ -1202,6 +1206,7 @@ mod tests {
                 req: id,
                 size: 100,
                 stream: 0,
+                pool: 0,
             });
             if i >= 2 {
                 ops.push(Op::Free {

@@ -995,6 +995,7 @@ pub(crate) mod read_whole_tests {
                 user_metadata: StrId(K_EMPTY),
                 forward_frames: 0,
                 block_surplus: 0,
+                pool: crate::snapshot::PoolId::UNKNOWN,
                 action: Action::Alloc,
             })
             .collect();

@@ -38,7 +38,7 @@ pub(crate) const EVENT: u8 = 3;
 
 /// The keys the builder looks for. They are interned first, in this order, into a fresh
 /// heap, so key `i` has `StrId(i)` and a field is found with one `match` on the id.
-pub(super) const KEYS: [&str; 15] = [
+pub(super) const KEYS: [&str; 16] = [
     "",
     "action",
     "addr",
@@ -54,6 +54,7 @@ pub(super) const KEYS: [&str; 15] = [
     "filename",
     "line",
     "block_size",
+    "pool_id",
 ];
 
 pub(super) const K_EMPTY: u32 = 0;
@@ -85,6 +86,8 @@ pub(super) const K_FILENAME: u32 = 12;
 pub(super) const K_LINE: u32 = 13;
 
 pub(super) const K_BLOCK_SIZE: u32 = 14;
+
+pub(super) const K_POOL_ID: u32 = 15;
 
 /// The VM hook that turns frames, stacks and trace entries into rows as they complete.
 pub(crate) struct EntryCompactor {
@@ -149,6 +152,23 @@ impl Deferred {
         self.indices[kind as usize]
             .get((u32::MAX - id) as usize)
             .copied()
+    }
+}
+
+/// A `pool_id` pair, packed; a value that is no pair of integers counts as no pool id.
+fn pool_of(heap: &Heap, v: Value) -> PoolId {
+    let (Value::Tuple(t) | Value::List(t)) = v else {
+        return PoolId::UNKNOWN;
+    };
+    match heap.list(t) {
+        &[a, b] => match (heap.int(a), heap.int(b)) {
+            (Some(a), Some(b)) => PoolId::pack((
+                i64::try_from(a).unwrap_or(-1),
+                i64::try_from(b).unwrap_or(-1),
+            )),
+            _ => PoolId::UNKNOWN,
+        },
+        _ => PoolId::UNKNOWN,
     }
 }
 
@@ -299,6 +319,7 @@ impl EntryCompactor {
             forward_frames: 0,
             block_surplus: 0,
             action: Action::Unknown,
+            pool: PoolId::UNKNOWN,
         };
         let mut block_size = None;
         // only a part of a split decode meets values of other parts (deferred) and tells
@@ -336,6 +357,7 @@ impl EntryCompactor {
                 K_FRAMES => ev.stack = self.stack_of(heap, val).unwrap_or(StackId::EMPTY),
                 K_COMPILE_CONTEXT => ev.compile_context = self.text_of(val),
                 K_USER_METADATA => ev.user_metadata = self.text_of(val),
+                K_POOL_ID => ev.pool = pool_of(heap, val),
                 K_FORWARD_FRAMES => {
                     if let Value::List(l) = val {
                         let lines: Vec<StrId> =

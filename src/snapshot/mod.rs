@@ -63,6 +63,10 @@ pub enum Action {
     Snapshot,
     /// An allocation failed (`addr` holds the free bytes the device reported).
     Oom,
+    /// Metadata attached to a live allocation after the fact (`_annotate_tensor`, torch
+    /// after 2.11): `addr` is the allocation's base address and `user_metadata` the text.
+    /// It changes no memory.
+    Annotate,
     /// An action this version of memsnap does not know.
     Unknown,
 }
@@ -80,6 +84,7 @@ impl Action {
             "segment_unmap" => Action::SegmentUnmap,
             "snapshot" => Action::Snapshot,
             "oom" => Action::Oom,
+            "annotate" => Action::Annotate,
             _ => Action::Unknown,
         }
     }
@@ -96,6 +101,7 @@ impl Action {
             Action::SegmentUnmap => "segment_unmap",
             Action::Snapshot => "snapshot",
             Action::Oom => "oom",
+            Action::Annotate => "annotate",
             Action::Unknown => "unknown",
         }
     }
@@ -126,6 +132,71 @@ pub struct TraceEvent {
     pub block_surplus: u32,
     /// What happened.
     pub action: Action,
+    /// The memory pool the entry belongs to (`pool_id`, torch after 2.11), packed.
+    pub pool: PoolId,
+}
+
+/// A memory pool as a trace entry names it (`pool_id`, torch after 2.11: `(0, 0)` the
+/// default pool, `(n, 0)` a pool a CUDA graph made for itself, `(0, n)` a `MemPool` or
+/// `graph_pool_handle()`), packed into 16 bits so that a trace entry stays as small as before:
+/// 0 when the entry carries no pool id, 1 for the default pool, `1 + n` for `(n, 0)` with
+/// `n < 2^15 - 1`, `2^15 - 1 + n` for `(0, n)` with `n < 2^15`, and [`PoolId::OTHER`] for any
+/// other pair (never seen from PyTorch, whose counters start at 1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolId(pub u16);
+
+impl PoolId {
+    /// The entry carries no pool id (torch 2.11 and older).
+    pub const UNKNOWN: PoolId = PoolId(0);
+    /// The default pool, `(0, 0)`.
+    pub const DEFAULT: PoolId = PoolId(1);
+    /// A pair that does not pack.
+    pub const OTHER: PoolId = PoolId(u16::MAX);
+
+    /// Packs PyTorch's pair.
+    pub fn pack(id: (i64, i64)) -> PoolId {
+        const HALF: i64 = 1 << 15;
+        match id {
+            (0, 0) => PoolId::DEFAULT,
+            (n, 0) if (1..HALF - 1).contains(&n) => PoolId(1 + n as u16),
+            (0, n) if (1..HALF).contains(&n) => PoolId((HALF - 1 + n) as u16),
+            _ => PoolId::OTHER,
+        }
+    }
+
+    /// PyTorch's pair, or `None` for [`PoolId::UNKNOWN`] and [`PoolId::OTHER`].
+    pub fn pair(self) -> Option<(i64, i64)> {
+        const HALF: i64 = 1 << 15;
+        let v = self.0 as i64;
+        match self {
+            PoolId::UNKNOWN | PoolId::OTHER => None,
+            PoolId::DEFAULT => Some((0, 0)),
+            _ if v < HALF => Some((v - 1, 0)),
+            _ => Some((0, v - (HALF - 1))),
+        }
+    }
+
+    /// A private pool: a CUDA graph's or a `MemPool`'s.
+    pub fn is_private(self) -> bool {
+        self != PoolId::UNKNOWN && self != PoolId::DEFAULT
+    }
+
+    /// A pool a CUDA graph made for itself (`(n, 0)`): requests in it are made during a
+    /// capture, when the allocator never releases its cache to retry.
+    pub fn is_graph(self) -> bool {
+        self.pair().is_some_and(|(a, b)| a > 0 && b == 0)
+    }
+
+    /// How the pool is named in text: `default`, `CUDA graph (1, 0)`, `pool (0, 1)`.
+    pub fn label(self) -> String {
+        match self.pair() {
+            Some((0, 0)) => "default".to_string(),
+            Some((a, b)) if a > 0 => format!("CUDA graph ({a}, {b})"),
+            Some((a, b)) => format!("pool ({a}, {b})"),
+            None if self == PoolId::OTHER => "another pool".to_string(),
+            None => "unknown pool".to_string(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -143,6 +214,7 @@ impl TraceEvent {
             forward_frames: 0,
             block_surplus: 0,
             action,
+            pool: PoolId::UNKNOWN,
         }
     }
 }
