@@ -15,6 +15,7 @@
 //! table.
 
 pub mod breakdown;
+pub mod pools;
 
 use serde::Serialize;
 

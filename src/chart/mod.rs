@@ -134,7 +134,7 @@ pub fn default_title(file: &str, a: &Attribution) -> String {
         .map_or(String::new(), |s| {
             format!(" · pipeline rank {} of {}", s.rank, s.ranks)
         });
-    format!("{name} · device {}{rank}", a.device)
+    format!("{name} · {}{rank}", crate::snapshot::device_name(a.device))
 }
 
 /// Draws a timeline of one device to `out` (PNG or SVG by extension).

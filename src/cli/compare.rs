@@ -208,8 +208,12 @@ fn load_one(
         profiles.push(Profile::new(&file, rank, DeviceReport::new(&a)));
         if let Some(co) = chart_options {
             let title = match rank {
-                Some(k) => format!("rank {k} · device {d}"),
-                None => format!("{} · device {d}", super::stem(path)),
+                Some(k) => format!("rank {k} · {}", memsnap::snapshot::device_name(d)),
+                None => format!(
+                    "{} · {}",
+                    super::stem(path),
+                    memsnap::snapshot::device_name(d)
+                ),
             };
             panels.push(chart::panel(&a, co, &title, 500));
         }

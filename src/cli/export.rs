@@ -49,7 +49,7 @@ pub struct ExportArgs {
     #[arg(long, value_enum, default_value_t = Format::Parquet)]
     pub format: Format,
     /// Only this device (default: every device with events).
-    #[arg(long)]
+    #[arg(long, value_parser = super::parse_device)]
     pub device: Option<u32>,
     /// Print the files written as one JSON line instead of text.
     #[arg(long)]

@@ -46,7 +46,7 @@ pub struct FlamegraphArgs {
     #[arg(long, value_enum, default_value_t = RootArg::Step)]
     pub root: RootArg,
     /// Device (default: the first with events).
-    #[arg(long)]
+    #[arg(long, value_parser = super::parse_device)]
     pub device: Option<u32>,
     #[command(flatten)]
     pub input: InputArgs,
@@ -108,7 +108,8 @@ pub fn run(args: FlamegraphArgs) -> Result<(), Failure> {
         .file_name()
         .map_or(String::new(), |n| n.to_string_lossy().into_owned());
     let title = format!(
-        "{name} · device {device} · {moment} · {} allocated",
+        "{name} · {} · {moment} · {} allocated",
+        memsnap::snapshot::device_name(device),
         units::bytes(total)
     );
     let mut pending = super::create_output(&output, naming)?;

@@ -662,3 +662,21 @@ mod tests {
         );
     }
 }
+
+/// A `--device` value: a CUDA device number, or `host` for pinned host memory.
+pub(crate) fn parse_device(s: &str) -> Result<u32, String> {
+    if s.eq_ignore_ascii_case("host") {
+        return Ok(memsnap::snapshot::HOST_DEVICE);
+    }
+    s.parse::<u32>()
+        .map_err(|_| format!("'{s}' is no device: a number, or 'host' for pinned host memory"))
+}
+
+/// How a device is named in a file name: `device1`, or `host` for pinned host memory.
+pub(crate) fn device_slug(device: u32) -> String {
+    if device == memsnap::snapshot::HOST_DEVICE {
+        "host".to_string()
+    } else {
+        format!("device{device}")
+    }
+}

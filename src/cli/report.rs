@@ -35,7 +35,7 @@ pub struct ReportArgs {
     pub markdown: bool,
     /// Only this device (default: every device with trace events, or with segments when none
     /// has events).
-    #[arg(long)]
+    #[arg(long, value_parser = super::parse_device)]
     pub device: Option<u32>,
     /// Also draw a timeline chart of each device into this folder (PNG; created if needed).
     #[arg(long, value_name = "DIR")]
@@ -125,7 +125,11 @@ fn prepare_folder(dir: &Path) -> Result<(), memsnap::Error> {
 
 /// Draws one device's timeline next to the report.
 fn draw(dir: &Path, path: &Path, name: &str, d: &DeviceAnalysis) -> Result<(), memsnap::Error> {
-    let out = dir.join(format!("{}-device{}-timeline.png", stem(path), d.device()));
+    let out = dir.join(format!(
+        "{}-{}-timeline.png",
+        stem(path),
+        super::device_slug(d.device())
+    ));
     super::timeline::draw_to(&out, memsnap::output::Naming::Chosen, |at| {
         memsnap::chart::timeline(at, name, d, &memsnap::chart::Options::default())
     })?;

@@ -45,7 +45,7 @@ pub struct TimelineArgs {
     #[arg(long)]
     pub title: Option<String>,
     /// Device to draw (default: every device with events, one image each).
-    #[arg(long)]
+    #[arg(long, value_parser = super::parse_device)]
     pub device: Option<u32>,
     #[command(flatten)]
     pub input: InputArgs,
@@ -80,7 +80,7 @@ pub fn per_device(out: &Path, device: u32, several: bool) -> PathBuf {
     let ext = out
         .extension()
         .map_or("png".into(), |e| e.to_string_lossy().into_owned());
-    out.with_file_name(format!("{stem}-device{device}.{ext}"))
+    out.with_file_name(format!("{stem}-{}.{ext}", super::device_slug(device)))
 }
 
 pub fn run(args: TimelineArgs) -> Result<(), Failure> {

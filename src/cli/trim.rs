@@ -61,7 +61,7 @@ pub struct TrimArgs {
     #[arg(long, value_parser = parse_bound)]
     pub around_peak: Option<Bound>,
     /// Device (default: the first with events).
-    #[arg(long)]
+    #[arg(long, value_parser = super::parse_device)]
     pub device: Option<u32>,
     /// Print what was written as one JSON line instead of text.
     #[arg(long)]

@@ -32,7 +32,7 @@ pub struct ViewArgs {
     #[arg(long)]
     pub open: bool,
     /// Only this device of each file.
-    #[arg(long)]
+    #[arg(long, value_parser = super::parse_device)]
     pub device: Option<u32>,
     /// Also read the snapshots in sub-folders of the folders given.
     #[arg(long, short)]

@@ -33,7 +33,7 @@ pub struct LimitArgs {
     #[arg(long, value_name = "CONF")]
     pub recorded_conf: Option<String>,
     /// Only this device.
-    #[arg(long)]
+    #[arg(long, value_parser = super::parse_device)]
     pub device: Option<u32>,
     /// JSON instead of text (schema in the README).
     #[arg(long)]
@@ -191,10 +191,22 @@ fn devices<'s>(
             ),
         ));
     }
+    let host = memsnap::snapshot::HOST_DEVICE;
+    if device == Some(host) {
+        return Err(memsnap::Error::new(
+            path,
+            memsnap::ErrorKind::Unsupported(
+                "host (pinned) memory comes from the pinned host allocator, not the CUDA \
+                 caching allocator that whatif and oom simulate"
+                    .into(),
+            ),
+        ));
+    }
     let devices = match device {
         Some(_) => super::devices(snap, device, path)?,
-        // a file without events is explained by the text (memory history was not recorded)
-        None => snap.devices_with_events().collect(),
+        // a file without events is explained by the text (memory history was not recorded);
+        // pinned host memory is another allocator's, not simulated
+        None => snap.devices_with_events().filter(|&d| d != host).collect(),
     };
     let analyses = devices
         .into_iter()

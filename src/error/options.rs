@@ -185,7 +185,16 @@ fn devices_text(devices: &[u32]) -> String {
     if devices.is_empty() {
         return "no device has events".into();
     }
-    let list: Vec<String> = devices.iter().map(u32::to_string).collect();
+    let list: Vec<String> = devices
+        .iter()
+        .map(|&d| {
+            if d == crate::snapshot::HOST_DEVICE {
+                "host".to_string()
+            } else {
+                d.to_string()
+            }
+        })
+        .collect();
     format!("devices with events: {}", list.join(", "))
 }
 

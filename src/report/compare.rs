@@ -76,7 +76,7 @@ pub fn display_names(profiles: &[&Profile]) -> Vec<String> {
         if twins.iter().any(|&j| {
             j != i && profiles[j].file == p.file && profiles[j].report.device != p.report.device
         }) {
-            name = format!("{name} · device {}", p.report.device);
+            name = format!("{name} · {}", crate::snapshot::device_name(p.report.device));
         }
         names.push(name);
     }

@@ -141,6 +141,10 @@ pub struct DeviceReport {
     pub top_sites: Vec<Share>,
     /// One row per pipeline step (or phase) in time order.
     pub steps: Vec<StepRow>,
+    /// Reserved bytes per memory pool (default, CUDA graphs, `MemPool`s) at the allocated
+    /// peak and at the end; empty when only the default pool was used.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<crate::analysis::pools::PoolReserved>,
 }
 
 /// Everything the report says about one file.
@@ -294,6 +298,7 @@ impl DeviceReport {
             peak_breakdown,
             top_sites,
             steps: a.steps.clone(),
+            pools: crate::analysis::pools::reserved_by_pool(snap, r),
         }
     }
 }

@@ -101,8 +101,14 @@ impl Reader<'_> {
         }
     }
 
-    fn segment(&mut self, v: Value, i: usize) -> Result<Segment, FieldError> {
-        let ctx = format!("segments[{i}]");
+    /// A segment of `segments` (or, with `host`, of `host_segments`: pinned host memory,
+    /// whose segments belong to [`HOST_DEVICE`] whatever their `device` says).
+    fn segment(&mut self, v: Value, i: usize, host: bool) -> Result<Segment, FieldError> {
+        let ctx = if host {
+            format!("host_segments[{i}]")
+        } else {
+            format!("segments[{i}]")
+        };
         let d = self.dict_id(v, &ctx)?;
         self.once(d, &ctx)?;
         let address = self.u64_field(d, "address", &ctx)?.unwrap_or(0);
@@ -140,6 +146,7 @@ impl Reader<'_> {
             }
         }
         let device = match self.int_field(d, "device", &ctx)? {
+            _ if host => HOST_DEVICE,
             None => 0,
             Some(i) => match u32::try_from(i) {
                 Ok(device) if device <= MAX_DEVICE => device,
@@ -476,9 +483,11 @@ pub(crate) fn assemble(
 ) -> Result<Snapshot, ErrorKind> {
     let heap = &decoded.heap;
     let mut snap = Snapshot::default();
+    let mut host = (None, None);
     let (segments, traces, settings, annotations, segments_only) = match decoded.root {
         Value::Dict(d) => {
             let get = |name: &str| heap.lookup(name).and_then(|k| heap.dict_get(d, k));
+            host = (get("host_segments"), get("host_traces"));
             let segments = get("segments");
             let traces = get("device_traces");
             if segments.is_none() && traces.is_none() {
@@ -529,7 +538,7 @@ pub(crate) fn assemble(
         }
         let mut per_device: rustc_hash::FxHashMap<u32, u64> = Default::default();
         for (i, s) in items.into_iter().enumerate() {
-            let seg = reader.segment(s, i).map_err(invalid)?;
+            let seg = reader.segment(s, i, false).map_err(invalid)?;
             let blocks = seg
                 .blocks
                 .iter()
@@ -561,12 +570,55 @@ pub(crate) fn assemble(
             snap.settings = Some(reader.settings(v).map_err(invalid)?);
         }
     }
-    if let Some(v) = traces {
-        let lists = reader
-            .list_items(v, "device_traces")
+    if let Some(v) = host.0 {
+        let items = reader
+            .list_items(v, "host_segments")
             .map_err(invalid)?
             .to_vec();
-        snap.traces = take_traces(heap, &mut compactor, &lists).map_err(invalid)?;
+        for (i, s) in items.into_iter().enumerate() {
+            snap.segments
+                .push(reader.segment(s, i, true).map_err(invalid)?);
+        }
+    }
+    let mut lists = match traces {
+        Some(v) => reader
+            .list_items(v, "device_traces")
+            .map_err(invalid)?
+            .to_vec(),
+        None => Vec::new(),
+    };
+    let devices = lists.len();
+    if let Some(v) = host.1 {
+        // one list of entries (or, read as well, one list of entries per list)
+        let items = reader
+            .list_items(v, "host_traces")
+            .map_err(invalid)?
+            .to_vec();
+        if items
+            .iter()
+            .all(|&i| matches!(i, Value::List(_) | Value::Tuple(_)))
+            && !items.is_empty()
+        {
+            lists.extend(items);
+        } else {
+            lists.push(v);
+        }
+        if devices > HOST_DEVICE as usize {
+            return Err(invalid(FieldError::new(
+                "device_traces",
+                format!("{devices} device lists beside host_traces"),
+                "at most 128 devices",
+            )));
+        }
+    }
+    if traces.is_some() || host.1.is_some() {
+        let mut all = take_traces(heap, &mut compactor, &lists).map_err(invalid)?;
+        if all.len() > devices {
+            let host_trace: Vec<TraceEvent> = all.drain(devices..).flatten().collect();
+            all.resize_with(HOST_DEVICE as usize + 1, Vec::new);
+            all[HOST_DEVICE as usize] = host_trace;
+        }
+        snap.traces = all;
     }
     snap.source.protocol = decoded.protocol;
     snap.source.pickle_bytes = decoded.bytes_read;
@@ -592,6 +644,11 @@ pub(crate) fn assemble(
 
 /// The highest CUDA device index (PyTorch's `DeviceIndex` is a signed byte).
 pub const MAX_DEVICE: u32 = 127;
+
+/// The device number memsnap gives pinned host memory (`host_segments` and `host_traces`,
+/// torch after 2.11), one past the highest CUDA device: it is reported and drawn as its own
+/// device, "host (pinned)", never added to a GPU's figures.
+pub const HOST_DEVICE: u32 = MAX_DEVICE + 1;
 
 /// The latest trace time taken as real: 2^53 µs after the epoch, in the year 2255. PyTorch
 /// records microseconds since the epoch, so a negative time or one past this is no moment.

@@ -23,7 +23,7 @@ mod stacks;
 
 use std::path::Path;
 
-pub use build::{flat_agrees, from_pickle, MAX_DEVICE, MAX_TIME_US};
+pub use build::{flat_agrees, from_pickle, HOST_DEVICE, MAX_DEVICE, MAX_TIME_US};
 pub use load::{load, LoadOptions};
 #[cfg(unix)]
 pub use split::parts_agree;
@@ -351,6 +351,15 @@ pub struct SourceInfo {
     pub segments_only: bool,
     /// Trace entries whose action memsnap does not know.
     pub unknown_actions: u64,
+}
+
+/// How a device is named in text: `device 0`, or `host (pinned)` for [`HOST_DEVICE`].
+pub fn device_name(device: u32) -> String {
+    if device == HOST_DEVICE {
+        "host (pinned)".to_string()
+    } else {
+        format!("device {device}")
+    }
 }
 
 /// A decoded memory snapshot.

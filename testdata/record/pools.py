@@ -9,7 +9,7 @@ reserved bytes of each pool summed from `torch.cuda.memory_snapshot()`'s segment
 with `max_memory_allocated()` and `max_memory_reserved()`. The snapshot goes beside it as
 `<name>.pickle.xz`, the lines as `<name>.log`.
 
-torch 2.11 writes no `pool_id` on trace entries; `../constructed/make.py` adds them, taking
+torch 2.11 writes no `pool_id` on trace entries; `../snapshots/constructed/make.py` adds them, taking
 each entry's pool from the segment that holds its address in the nearest mark.
 
 Usage (on a machine with a CUDA GPU and PyTorch):

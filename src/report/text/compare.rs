@@ -94,7 +94,11 @@ pub fn write_pair(out: &mut Out, pair: &Pair, top: usize) -> io::Result<()> {
             Some(r) if long => format!(" · rank {r}"),
             _ => String::new(),
         };
-        let line = format!("{column}: {} · device {}{rank}", side.file, side.device);
+        let line = format!(
+            "{column}: {} · {}{rank}",
+            side.file,
+            crate::snapshot::device_name(side.device)
+        );
         if out.markdown {
             out.prose(&line)?;
         } else {

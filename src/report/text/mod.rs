@@ -287,9 +287,18 @@ fn write_device(
     if out.markdown {
         return write_markdown_device(out, report, d, options);
     }
-    writeln!(out, "{} · device {}", report.file, d.device)?;
+    writeln!(
+        out,
+        "{} · {}",
+        report.file,
+        crate::snapshot::device_name(d.device)
+    )?;
     let mut status = status_line(d);
-    if let Some(conf) = &report.allocator_settings {
+    if let Some(conf) = report
+        .allocator_settings
+        .as_ref()
+        .filter(|_| d.device != crate::snapshot::HOST_DEVICE)
+    {
         status.push(format!("allocator: {conf}"));
     }
     for line in wrap_parts(&status, 116) {
@@ -337,6 +346,7 @@ fn write_device(
         units::bytes(d.fragmentation_at_end_bytes),
         units::bytes(d.largest_free_block_bytes)
     )?;
+    write_pools(out, d)?;
     if let Some(e) = &d.oom_explanation {
         whatif::write_explanation(out, e, options)?;
         writeln!(out)?;
@@ -394,6 +404,32 @@ pub(crate) fn write_shares(
     }
     writeln!(out)?;
     writeln!(out, "{}", out.table(&t, "  "))
+}
+
+/// The reserved bytes of each pool, when private pools (CUDA graphs, `MemPool`s) were used.
+fn write_pools(out: &mut dyn Write, d: &DeviceReport) -> io::Result<()> {
+    if d.pools.is_empty() {
+        return Ok(());
+    }
+    let list = |f: &dyn Fn(&crate::analysis::pools::PoolReserved) -> u64| {
+        d.pools
+            .iter()
+            .map(|p| format!("{} {}", p.label, units::bytes(f(p))))
+            .collect::<Vec<_>>()
+            .join(" · ")
+    };
+    if d.pools.iter().all(|p| p.at_peak_bytes.is_some()) {
+        writeln!(
+            out,
+            "  reserved by pool at the peak: {}",
+            list(&|p| p.at_peak_bytes.unwrap_or(0))
+        )?;
+    }
+    writeln!(
+        out,
+        "  reserved by pool at the end: {}",
+        list(&|p| p.at_end_bytes)
+    )
 }
 
 fn write_attribution(out: &mut Out, d: &DeviceReport, options: &TextOptions) -> io::Result<()> {
@@ -536,7 +572,12 @@ fn write_markdown_device(
     d: &DeviceReport,
     options: &TextOptions,
 ) -> io::Result<()> {
-    writeln!(out, "### `{}` · device {}", report.file, d.device)?;
+    writeln!(
+        out,
+        "### `{}` · {}",
+        report.file,
+        crate::snapshot::device_name(d.device)
+    )?;
     writeln!(out)?;
     let place = if d.peak.is_before_trace() {
         "before the trace started".to_string()

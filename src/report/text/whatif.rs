@@ -28,7 +28,7 @@ pub fn write_whatif(out: &mut dyn Write, r: &WhatIfReport, markdown: bool) -> io
 }
 
 fn write_device(out: &mut Out, file: &str, d: &DeviceWhatIf) -> io::Result<()> {
-    writeln!(out, "{file} · device {}", d.device)?;
+    writeln!(out, "{file} · {}", crate::snapshot::device_name(d.device))?;
     let from = match d.recorded.settings_from {
         "snapshot" => "as the snapshot's allocator_settings say",
         "given" => "as given with --recorded-conf",
@@ -213,7 +213,12 @@ pub fn write_oom(out: &mut dyn Write, r: &OomReport, options: &TextOptions) -> i
         )?;
     }
     for DeviceOom { device, oom } in &r.devices {
-        writeln!(out, "{} · device {device}", r.file)?;
+        writeln!(
+            out,
+            "{} · {}",
+            r.file,
+            crate::snapshot::device_name(*device)
+        )?;
         match oom {
             Some(e) => write_explanation(out, e, options)?,
             None => writeln!(out, "  no out-of-memory error in this trace")?,

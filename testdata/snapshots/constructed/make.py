@@ -1,6 +1,6 @@
 """Builds the snapshots of newer PyTorch versions that no machine here can record.
 
-Each output is a real torch 2.11 recording (`../snapshots/pools/`) with the fields a newer
+Each output is a real torch 2.11 recording (`../pools/`) with the fields a newer
 version writes added, as that version's serialization writes them (see `README.md` beside this
 file for the source each follows). Nothing else of the recording changes.
 
@@ -28,7 +28,7 @@ import os
 import pickle
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE = os.path.join(HERE, "..", "snapshots", "pools")
+SOURCE = os.path.join(HERE, "..", "pools")
 FREEING = {"free_requested", "free_completed", "segment_free", "segment_unmap"}
 
 
