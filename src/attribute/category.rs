@@ -232,6 +232,91 @@ pub struct CategorySources {
     pub rules: u64,
     /// Alive before the trace started.
     pub before_trace: u64,
+    /// PyTorch's own labels, preferred to inference: an `annotate` entry
+    /// (`_annotate_tensor`) or memory metadata set as a dict (`_set_memory_metadata`) whose
+    /// text names a category.
+    #[serde(default)]
+    pub labels: u64,
+    /// Of those, the allocations whose inferred category was another.
+    #[serde(default)]
+    pub labels_disagreeing: u64,
+}
+
+/// The category a label written by the program or by PyTorch names: a category's name
+/// (`activation`, `optimizer_state`, `optimizer state`), PyTorch's component names (`temp`,
+/// `buffer`, `other`), or a compact JSON object with a `component`, `component_type` or
+/// `category` key naming one. `None` for any other text.
+pub fn named_category(text: &str) -> Option<Category> {
+    let text = text.trim();
+    if text.starts_with('{') {
+        let v: serde_json::Value = serde_json::from_str(text).ok()?;
+        let o = v.as_object()?;
+        return ["component", "component_type", "category"]
+            .iter()
+            .find_map(|k| o.get(*k).and_then(|v| v.as_str()))
+            .and_then(named_category);
+    }
+    let lower = text.to_ascii_lowercase();
+    match lower.as_str() {
+        "temp" => Some(Category::Temporary),
+        "buffer" | "parameters" => Some(Category::Parameter),
+        "gradients" | "grad" => Some(Category::Gradient),
+        "activations" => Some(Category::Activation),
+        _ => Category::parse(&lower)
+            .filter(|c| *c != Category::Unknown && *c != Category::PreExisting),
+    }
+}
+
+/// Applies PyTorch's own labels to the allocations they name, preferred to what inference
+/// decided: an `annotate` entry labels the live allocation at its address; an allocation's
+/// own memory metadata labels it when it is a dict naming a category. Returns the allocations
+/// labelled, and how many of them inference had given another category.
+pub(crate) fn apply_labels(
+    snap: &Snapshot,
+    events: &[TraceEvent],
+    labels: &mut [Label],
+) -> (Vec<usize>, u64) {
+    let mut live: rustc_hash::FxHashMap<u64, usize> = Default::default();
+    let mut named: Vec<(usize, Category)> = Vec::new();
+    let mut cache: rustc_hash::FxHashMap<u32, Option<Category>> = Default::default();
+    let mut of = |id: crate::snapshot::StrId| {
+        *cache
+            .entry(id.0)
+            .or_insert_with(|| named_category(snap.str(id)))
+    };
+    for (i, e) in events.iter().enumerate() {
+        match e.action {
+            Action::Alloc => {
+                live.insert(e.addr, i);
+                let meta = snap.str(e.user_metadata);
+                if meta.starts_with('{') {
+                    if let Some(c) = of(e.user_metadata) {
+                        named.push((i, c));
+                    }
+                }
+            }
+            Action::FreeRequested | Action::FreeCompleted => {
+                live.remove(&e.addr);
+            }
+            Action::Annotate => {
+                if let (Some(&j), Some(c)) = (live.get(&e.addr), of(e.user_metadata)) {
+                    named.push((j, c));
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut disagree = 0u64;
+    let mut done: Vec<usize> = Vec::new();
+    for (j, c) in named {
+        let Some(l) = labels.get_mut(j) else { continue };
+        if !done.contains(&j) {
+            done.push(j);
+            disagree += u64::from(l.category != c);
+        }
+        l.category = c;
+    }
+    (done, disagree)
 }
 
 /// Where each training step's forward starts and its backward ends, by event index.

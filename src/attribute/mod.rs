@@ -421,6 +421,18 @@ impl Labelled {
             Preset::Generic => category::assign_generic(snap, replay, &names, &mut labels),
         };
         category_sources.before_trace = preexisting.len() as u64;
+        let (labelled, disagreeing) = category::apply_labels(snap, snap.trace(device), &mut labels);
+        category_sources.labels = labelled.len() as u64;
+        category_sources.labels_disagreeing = disagreeing;
+        // each labelled allocation counts once, under its label, not under inference
+        for j in labelled {
+            let from = if labels[j].hints & HINT_BY_FRAMES != 0 {
+                &mut category_sources.frames
+            } else {
+                &mut category_sources.lifetime
+            };
+            *from = from.saturating_sub(1);
+        }
         if let Some(rules) = &options.rules {
             let before: Vec<Category> = labels.iter().map(|l| l.category).collect();
             rules.apply(snap, replay, &mut names, &mut labels, &mut preexisting);

@@ -473,10 +473,18 @@ fn write_attribution(out: &mut Out, d: &DeviceReport, options: &TextOptions) -> 
             &[
                 (c.lifetime, "lifetime"),
                 (c.frames, "stack frames"),
+                (c.labels, "PyTorch's labels"),
                 (c.rules, "rules"),
                 (c.before_trace, "alive before the trace"),
             ],
         )?;
+        if c.labels_disagreeing > 0 {
+            writeln!(
+                out,
+                "  inference gave {} of the {} labelled allocations another category",
+                c.labels_disagreeing, c.labels
+            )?;
+        }
     }
     if let Some(info) = &d.attribution.pipeline {
         let from = match &info.steps_from {

@@ -15,8 +15,12 @@ file for the source each follows). Nothing else of the recording changes.
   (torch 2.15, `record_pinned_host_memory=True`, pytorch/pytorch#182407) for the program's two
   8 MiB pinned buffers.
 - `annotated.pickle.xz`: the default-pool recording with `annotate` trace entries
-  (`torch.cuda.memory._annotate_tensor`, torch 2.15) on the model's weights and on the
-  MemPool's first buffer.
+  (`torch.cuda.memory._annotate_tensor`, torch 2.15: `addr` the allocation's base address,
+  `user_metadata` the text, the annotation site's frames) right after the first two
+  allocations (the first Linear's weight and bias: `parameter`) and after the MemPool's 30 MiB
+  buffer (`activation`, which inference does not say), and the MemPool's 12 MiB buffer
+  allocated under dict metadata (`_set_memory_metadata({"component": "gradient"})`, written
+  as compact JSON since torch 2.15).
 
 Usage: python3 make.py      (writes beside itself; needs only the standard library)
 """
@@ -156,7 +160,10 @@ def annotated():
     trace = snap["device_traces"][0]
     # the first two allocations are the first Linear's weight and bias (model built first)
     allocs = [e for e in trace if e["action"] == "alloc"]
-    notes = [(allocs[0], "parameter"), (allocs[1], "parameter")]
+    buffer_a = next(e for e in allocs if e["size"] == 30 << 20)
+    buffer_e = next(e for e in allocs if e["size"] == 12 << 20)
+    buffer_e["user_metadata"] = json.dumps({"component": "gradient"}, separators=(",", ":"))
+    notes = [(allocs[0], "parameter"), (allocs[1], "parameter"), (buffer_a, "activation")]
     out = []
     done = set()
     for e in trace:
