@@ -583,6 +583,24 @@ fn parse_dimension(s: &str) -> Result<memsnap::analysis::Dimension, String> {
     })
 }
 
+/// A `--device` value: a CUDA device number, or `host` for pinned host memory.
+pub(crate) fn parse_device(s: &str) -> Result<u32, String> {
+    if s.eq_ignore_ascii_case("host") {
+        return Ok(memsnap::snapshot::HOST_DEVICE);
+    }
+    s.parse::<u32>()
+        .map_err(|_| format!("'{s}' is no device: a number, or 'host' for pinned host memory"))
+}
+
+/// How a device is named in a file name: `device1`, or `host` for pinned host memory.
+pub(crate) fn device_slug(device: u32) -> String {
+    if device == memsnap::snapshot::HOST_DEVICE {
+        "host".to_string()
+    } else {
+        format!("device{device}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -660,23 +678,5 @@ mod tests {
         assert!(
             Cli::try_parse_from(["memsnap", "timeline", "a", "-o", "t.png", "--by", "x"]).is_err()
         );
-    }
-}
-
-/// A `--device` value: a CUDA device number, or `host` for pinned host memory.
-pub(crate) fn parse_device(s: &str) -> Result<u32, String> {
-    if s.eq_ignore_ascii_case("host") {
-        return Ok(memsnap::snapshot::HOST_DEVICE);
-    }
-    s.parse::<u32>()
-        .map_err(|_| format!("'{s}' is no device: a number, or 'host' for pinned host memory"))
-}
-
-/// How a device is named in a file name: `device1`, or `host` for pinned host memory.
-pub(crate) fn device_slug(device: u32) -> String {
-    if device == memsnap::snapshot::HOST_DEVICE {
-        "host".to_string()
-    } else {
-        format!("device{device}")
     }
 }
