@@ -7,6 +7,7 @@ mod compare;
 mod errors;
 mod export;
 mod flamegraph;
+mod formats;
 mod golden;
 mod hostile;
 mod mcp;
