@@ -12,10 +12,13 @@ file for the source each follows). Nothing else of the recording changes.
   mark before it for entries that free), else the nearest mark the other way. Entries with no
   address (`snapshot`, `oom`) get `(0, 0)`, as the allocator's `TraceEntry` defaults.
 - `host_pinned.pickle.xz`: the default-pool recording with `host_segments` and `host_traces`
-  (torch 2.15, `record_pinned_host_memory=True`, pytorch/pytorch#182407) for the program's two
-  8 MiB pinned buffers.
+  (torch 2.14, `record_pinned_host_memory=True`, pytorch/pytorch#182407) for the program's two
+  8 MiB pinned buffers. Its segments and entries are dicts with the keys of the device ones
+  (the 2.14 and 2.15 binaries hold no other key names for them), `host_traces` one list of
+  entries (memsnap also reads one list per device); each buffer is its own `cudaHostAlloc`
+  of the request rounded to a power of two, as the pinned allocator hands them out.
 - `annotated.pickle.xz`: the default-pool recording with `annotate` trace entries
-  (`torch.cuda.memory._annotate_tensor`, torch 2.15: `addr` the allocation's base address,
+  (`torch.cuda.memory._annotate_tensor`, torch 2.14: `addr` the allocation's base address,
   `user_metadata` the text, the annotation site's frames) right after the first two
   allocations (the first Linear's weight and bias: `parameter`) and after the MemPool's 30 MiB
   buffer (`activation`, which inference does not say), and the MemPool's 12 MiB buffer
