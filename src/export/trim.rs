@@ -243,8 +243,18 @@ pub fn write<W: Write>(
         ..Trimmed::default()
     };
     let w = &mut writer;
+    // pinned host memory is written as the host lists it came from, beside empty device ones
+    let host = window.device == crate::snapshot::HOST_DEVICE;
     w.pickle.begin_dict()?;
-    w.word("segments")?;
+    if host {
+        w.word("segments")?;
+        w.pickle.begin_list()?;
+        w.pickle.end_list()?;
+        w.word("device_traces")?;
+        w.pickle.begin_list()?;
+        w.pickle.end_list()?;
+    }
+    w.word(if host { "host_segments" } else { "segments" })?;
     w.pickle.begin_list()?;
     let mut next = 0;
     for (&address, range) in &ranges {
@@ -262,18 +272,27 @@ pub fn write<W: Write>(
     summary.blocks_outside_segments += blocks.len() - next;
     w.pickle.end_list()?;
 
-    w.word("device_traces")?;
-    w.pickle.begin_list()?;
-    for device in 0..=window.device {
+    if host {
+        w.word("host_traces")?;
         w.pickle.begin_list()?;
-        if device == window.device {
-            for (i, ev) in trace.iter().enumerate().take(to).skip(from) {
-                w.event(ev, freed_block_size(replay, i, from))?;
+        for (i, ev) in trace.iter().enumerate().take(to).skip(from) {
+            w.event(ev, freed_block_size(replay, i, from))?;
+        }
+        w.pickle.end_list()?;
+    } else {
+        w.word("device_traces")?;
+        w.pickle.begin_list()?;
+        for device in 0..=window.device {
+            w.pickle.begin_list()?;
+            if device == window.device {
+                for (i, ev) in trace.iter().enumerate().take(to).skip(from) {
+                    w.event(ev, freed_block_size(replay, i, from))?;
+                }
             }
+            w.pickle.end_list()?;
         }
         w.pickle.end_list()?;
     }
-    w.pickle.end_list()?;
 
     if let Some(settings) = &snap.settings {
         w.word("allocator_settings")?;

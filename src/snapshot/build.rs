@@ -720,6 +720,27 @@ pub(crate) mod read_whole_tests {
         })
     }
 
+    /// Entries with a pool id (torch 2.12+: a tuple of two integers each) are read whole too,
+    /// with the pool the general path reads.
+    #[test]
+    fn entries_with_pool_ids_are_read_whole() {
+        let (name, bytes) = every_snapshot()
+            .find(|(name, _)| name.ends_with("pools_expandable_pool_ids.pickle.xz"))
+            .expect("the constructed fixture");
+        let snap = from_pickle(&bytes[..], Limits::default()).unwrap();
+        let events = snap.traces[0].len();
+        assert!(events > 200, "{name}");
+        let private = snap.traces[0]
+            .iter()
+            .filter(|e| e.pool.is_private())
+            .count();
+        assert!(private > 50, "{private} entries in private pools");
+        assert!(snap.traces[0]
+            .iter()
+            .all(|e| e.pool != crate::snapshot::PoolId::UNKNOWN));
+        assert_eq!(flat_agrees(&bytes), Ok(events as u64), "{name}");
+    }
+
     #[test]
     fn entries_read_whole_give_what_opcode_by_opcode_gives() {
         let mut read_whole = 0;

@@ -36,6 +36,9 @@ pub(crate) const STACK: u8 = 2;
 
 pub(crate) const EVENT: u8 = 3;
 
+/// A trace entry's `pool_id` pair, packed ([`PoolId`]) in place of its tuple.
+pub(crate) const POOL: u8 = 5;
+
 /// The keys the builder looks for. They are interned first, in this order, into a fresh
 /// heap, so key `i` has `StrId(i)` and a field is found with one `match` on the id.
 pub(super) const KEYS: [&str; 16] = [
@@ -157,6 +160,10 @@ impl Deferred {
 
 /// A `pool_id` pair, packed; a value that is no pair of integers counts as no pool id.
 fn pool_of(heap: &Heap, v: Value) -> PoolId {
+    let v = heap.forwarded(v).unwrap_or(v);
+    if let Value::Handle(POOL, p) = v {
+        return PoolId(p as u16);
+    }
     let (Value::Tuple(t) | Value::List(t)) = v else {
         return PoolId::UNKNOWN;
     };
@@ -460,6 +467,14 @@ impl Adopter for EntryCompactor {
         }
         match self.event_from_pairs(heap, dict.pairs) {
             Ok(ev) => {
+                // the pool id's tuple becomes its handle, as in `adopt`
+                for &(key, val) in dict.pairs.iter() {
+                    if let (Value::Str(StrId(K_POOL_ID)), Value::Tuple(t)) = (key, val) {
+                        if ev.pool != PoolId::UNKNOWN {
+                            heap.replace_list(t, Value::Handle(POOL, ev.pool.0 as u32));
+                        }
+                    }
+                }
                 out.dict = self.push_event(ev);
                 self.read_whole += 1;
                 true
@@ -543,6 +558,17 @@ impl Adopter for EntryCompactor {
                 } else {
                     Ok(value)
                 }
+            }
+            // a pool id's tuple becomes a handle at once (one per entry would otherwise stay in
+            // the heap, held by its memo entry, for the whole decode)
+            Value::Tuple(t) if key == Some(Value::Str(StrId(K_POOL_ID))) => {
+                let pool = pool_of(heap, value);
+                if pool == PoolId::UNKNOWN {
+                    return Ok(value);
+                }
+                let handle = Value::Handle(POOL, pool.0 as u32);
+                heap.replace_list(t, handle);
+                Ok(handle)
             }
             Value::List(l) if key == Some(Value::Str(StrId(K_FRAMES))) => {
                 match self.stack_of(heap, value) {

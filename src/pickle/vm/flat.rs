@@ -278,6 +278,8 @@ enum Pending {
     List,
     Inner(u32),
     Str(StrId),
+    /// A pair of integers (a trace entry's `pool_id`, torch 2.12+), as the tuple made for it.
+    Pair(Value),
 }
 
 /// Buffers kept from one dict to the next.
@@ -496,8 +498,12 @@ impl<A: Adopter> Vm<'_, A> {
                 Pending::List => s.adopted.list,
                 Pending::Inner(i) => s.adopted.inner[i as usize],
                 Pending::Str(id) => Value::Str(id),
+                // what the adopter replaced the tuple by, as the general path's memo holds it
+                Pending::Pair(v) => self.heap.forwarded(v).unwrap_or(v),
             };
-            debug_assert!(!is_container(v));
+            if is_container(v) {
+                self.heap.note_memo(v, base + k as u64);
+            }
             self.memo.push(v);
             self.adopter.memoized(&self.heap, base + k as u64, v);
         }
@@ -593,7 +599,17 @@ impl<A: Adopter> Vm<'_, A> {
                 let (v, end) = self.fetched_str(w, at)?;
                 Some((Value::Str(v), end))
             }
-            _ => int_at(w, at).map(|(v, end)| (Value::Int(v), end)),
+            _ => {
+                let (v, end) = int_at(w, at)?;
+                // an integer right after it starts a pair (`pool_id`), read by `int_pair`
+                if matches!(
+                    w.get(end),
+                    Some(&(op::BININT1 | op::BININT2 | op::BININT | op::LONG1))
+                ) {
+                    return None;
+                }
+                Some((Value::Int(v), end))
+            }
         }
     }
 
@@ -696,10 +712,29 @@ impl<A: Adopter> Vm<'_, A> {
             s.list_at = Some(s.pairs.len());
             return Some(Value::None);
         }
+        if let Some(pair) = self.int_pair(c, s) {
+            return Some(pair);
+        }
         match self.scalar(c, s)? {
             Fetched::Value(v) => Some(v),
             Fetched::Inner(_) => None,
         }
+    }
+
+    /// Two integers and `TUPLE2` (with its memo entry), as Python writes a trace entry's
+    /// `pool_id`: the tuple, counted as the general path counts it (three values, three
+    /// opcodes). `None`, consuming nothing, for anything else.
+    #[inline(always)]
+    fn int_pair(&mut self, c: &mut Cursor, s: &mut FlatScratch) -> Option<Value> {
+        let (a, at) = int_at(c.w, c.pos)?;
+        let (b, at) = int_at(c.w, at)?;
+        if *c.w.get(at)? != op::TUPLE2 {
+            return None;
+        }
+        (c.pos, c.ops, c.values) = (at + 1, c.ops + 3, c.values + 3);
+        let v = Value::Tuple(self.heap.new_list(vec![Value::Int(a), Value::Int(b)]));
+        self.memo_op(c, s, Pending::Pair(v))?;
+        Some(v)
     }
 
     /// An integer, `None`, a bool, a float, a string (with its memo entry) or a memo fetch.
@@ -760,7 +795,7 @@ impl<A: Adopter> Vm<'_, A> {
             match s.pending.get((index - stored) as usize)? {
                 Pending::Str(id) => Fetched::Value(Value::Str(*id)),
                 Pending::Inner(k) => Fetched::Inner(*k),
-                Pending::Outer | Pending::List => return None,
+                Pending::Outer | Pending::List | Pending::Pair(_) => return None,
             }
         } else {
             match self.memo.get(index)? {
