@@ -1,6 +1,9 @@
 //! Inputs shaped to make a careless implementation quadratic: each is large enough that a
 //! search per event over everything seen so far would not finish within the test run (about
-//! 10^10 steps), while memsnap's indexes keep them to about n log n.
+//! 10^10 steps), while memsnap's indexes keep them to about n log n. Each is also built at a
+//! quarter of its size, and the work measured (the command's best time of two) at both: four
+//! times the input may cost at most eight times the time, where a quadratic path costs
+//! sixteen.
 
 use serde_pickle::value::{HashableValue as H, Value as V};
 use std::collections::BTreeMap;
@@ -21,6 +24,41 @@ fn event(action: &str, addr: i64, size: i64) -> V {
     );
     e.insert(H::String("frames".into()), V::List(vec![]));
     V::Dict(e)
+}
+
+/// The best of two runs of `memsnap args` (with the file in place of `{}`), in seconds.
+fn best_time(args: &[&str], file: &str) -> f64 {
+    let args: Vec<&str> = args.iter().map(|a| if *a == "{}" { file } else { a }).collect();
+    (0..2)
+        .map(|_| {
+            let start = std::time::Instant::now();
+            ok(&args);
+            start.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// The work of `memsnap args` on `build(n)` grows about linearly: from a quarter of `N` to
+/// `N`, the time grows at most eightfold (a quadratic path grows sixteenfold). Times under
+/// 50 ms count as 50 ms, where starting the process is most of it.
+fn grows_linearly(
+    dir: &tempfile::TempDir,
+    what: &str,
+    build: impl Fn(i64) -> Vec<V>,
+    commands: &[&[&str]],
+) {
+    let small = write_snapshot(dir, &format!("{what}_small.pickle"), vec![], build(N / 4));
+    let large = write_snapshot(dir, &format!("{what}_large.pickle"), vec![], build(N));
+    for args in commands {
+        let (a, b) = (best_time(args, &small), best_time(args, &large));
+        let ratio = b / a.max(0.05);
+        eprintln!("{what}: {args:?}: {a:.3} s, {b:.3} s, {ratio:.1}x");
+        assert!(
+            ratio < 8.0,
+            "{what}: {args:?} took {a:.3} s at {} entries and {b:.3} s at {N} ({ratio:.1}x)",
+            N / 4
+        );
+    }
 }
 
 fn write_snapshot(dir: &tempfile::TempDir, name: &str, segments: Vec<V>, trace: Vec<V>) -> String {
@@ -170,6 +208,39 @@ fn many_files_with_one_base_name_and_many_distinct_files() {
     let f = write_snapshot(&dir, "distinct.pickle", vec![], distinct);
     let v = json(&f);
     assert_eq!(v["devices"][0]["events"], N);
+
+    let report: &[&str] = &["report", "{}", "--by", "site", "--top", "3"];
+    let folded: &[&str] = &["flamegraph", "{}", "--folded", "--at", "end"];
+    grows_linearly(
+        &dir,
+        "samebase",
+        |n| {
+            (0..n)
+                .map(|k| {
+                    event_with_frames(
+                        k * 512,
+                        &[(format!("/src/d{k}/model.py"), 3, "forward".into())],
+                    )
+                })
+                .collect()
+        },
+        &[report, folded],
+    );
+    grows_linearly(
+        &dir,
+        "distinct",
+        |n| {
+            (0..n)
+                .map(|k| {
+                    event_with_frames(
+                        k * 512,
+                        &[(format!("/src/pkg{k}/mod{k}.py"), k % 1000, format!("f{k}"))],
+                    )
+                })
+                .collect()
+        },
+        &[report],
+    );
 }
 
 /// Entries whose stacks of 20 frames are drawn from 10^4 distinct frames, through every
@@ -214,4 +285,32 @@ fn many_entries_sharing_a_pool_of_frames() {
     ]);
     let cut = json(&out.to_string_lossy());
     assert_eq!(cut["devices"][0]["events"], 49_901);
+
+    let tables = dir.path().join("t");
+    let tables = tables.to_string_lossy();
+    let cut = dir.path().join("c.pickle");
+    let cut = cut.to_string_lossy();
+    grows_linearly(
+        &dir,
+        "shared_frames",
+        |n| {
+            (0..n)
+                .map(|i| {
+                    let frames: Vec<_> = (0..20)
+                        .map(|k| {
+                            let f = (i * 7 + k) % 10_000;
+                            (format!("/src/m{f}.py"), k, format!("g{}", (i + k) % 10_000))
+                        })
+                        .collect();
+                    event_with_frames(i * 512, &frames)
+                })
+                .collect()
+        },
+        &[
+            &["report", "{}"],
+            &["flamegraph", "{}", "--folded", "--at", "end"],
+            &["export", "{}", "-o", &tables, "--format", "jsonl", "--force"],
+            &["trim", "{}", "-o", &cut, "--force"],
+        ],
+    );
 }

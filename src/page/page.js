@@ -8,6 +8,11 @@
 
   // ---- numbers ----------------------------------------------------------------------------
   const KIB = 1024, MIB = KIB * 1024, GIB = MIB * 1024;
+  // Pinned host memory is reported as its own device (memsnap's number for it is 128).
+  function deviceName(d) {
+    return d === 128 ? "host (pinned)" : "device " + d;
+  }
+
   function bytes(b) {
     if (b >= 1000 * MIB) return (b / GIB).toFixed(2) + " GiB";
     if (b >= 1000 * KIB) return (b / MIB).toFixed(2) + " MiB";
@@ -148,7 +153,7 @@
     el("div", { class: "group" }, peakButton, oomButton, zoomIn, zoomOut, resetButton));
 
   function panelName(p) {
-    const dev = DATA.reports[p.report].devices.length > 1 ? " · device " + p.device : "";
+    const dev = DATA.reports[p.report].devices.length > 1 ? " · " + deviceName(p.device) : "";
     return p.name + dev;
   }
 
@@ -740,7 +745,7 @@
   function renderHeader() {
     const v = P(state.panel), r = v.report, p = v.p;
     const file = DATA.reports[p.report];
-    fileLine.textContent = p.file + " · device " + p.device + " · " + count(p.events) + " events · stacks: " + r.stacks +
+    fileLine.textContent = p.file + " · " + deviceName(p.device) + " · " + count(p.events) + " events · stacks: " + r.stacks +
       " · allocator: " + (file.allocator_settings || "not recorded") + (r.replay_consistent ? " · replay matches the snapshot exactly" : " · replay differs from the snapshot's final state");
     cards.replaceChildren();
     const card = (k, value, id, exact) => cards.append(el("div", { class: "card" }, el("div", { class: "k", text: k }),
