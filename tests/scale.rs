@@ -28,7 +28,10 @@ fn event(action: &str, addr: i64, size: i64) -> V {
 
 /// The best of two runs of `memsnap args` (with the file in place of `{}`), in seconds.
 fn best_time(args: &[&str], file: &str) -> f64 {
-    let args: Vec<&str> = args.iter().map(|a| if *a == "{}" { file } else { a }).collect();
+    let args: Vec<&str> = args
+        .iter()
+        .map(|a| if *a == "{}" { file } else { a })
+        .collect();
     (0..2)
         .map(|_| {
             let start = std::time::Instant::now();
@@ -309,7 +312,9 @@ fn many_entries_sharing_a_pool_of_frames() {
         &[
             &["report", "{}"],
             &["flamegraph", "{}", "--folded", "--at", "end"],
-            &["export", "{}", "-o", &tables, "--format", "jsonl", "--force"],
+            &[
+                "export", "{}", "-o", &tables, "--format", "jsonl", "--force",
+            ],
             &["trim", "{}", "-o", &cut, "--force"],
         ],
     );

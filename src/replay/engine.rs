@@ -66,6 +66,13 @@ impl Recording {
     }
 }
 
+/// Whether a trace records frees but no `free_completed` (recorded with
+/// `skip_actions=["free_completed"]`, torch 2.10+): its frees then complete at once.
+pub(crate) fn completes_on_request(events: &[TraceEvent]) -> bool {
+    events.iter().any(|e| e.action == Action::FreeRequested)
+        && !events.iter().any(|e| e.action == Action::FreeCompleted)
+}
+
 /// The replay of one device: the simulated allocator state and the rules it follows.
 pub(super) struct Replayer<'a> {
     snap: &'a Snapshot,
@@ -75,18 +82,23 @@ pub(super) struct Replayer<'a> {
     rules: SizeRules,
     state: State,
     misplaced: u64,
+    /// The trace records no `free_completed` (`skip_actions=["free_completed"]`): a block goes
+    /// back to its segment when the program frees it.
+    completes_on_request: bool,
 }
 
 impl<'a> Replayer<'a> {
     pub(super) fn new(snap: &'a Snapshot, device: u32, model: SizeModel) -> Self {
+        let events = snap.trace(device);
         Replayer {
             snap,
-            events: snap.trace(device),
+            events,
             device,
             model,
             rules: size_rules(snap),
             state: State::default(),
             misplaced: 0,
+            completes_on_request: completes_on_request(events),
         }
     }
 
@@ -435,6 +447,10 @@ impl Replayer<'_> {
                     t.requested -= b.requested.min(t.requested);
                     rec.partner[i] = b.origin;
                     link_free(&mut rec.partner, &mut rec.preexisting, b.origin, i);
+                    if self.completes_on_request {
+                        t.active -= counted.min(t.active);
+                        self.state.release(e.addr);
+                    }
                 }
                 _ => rec.anomalies += 1,
             },

@@ -27,6 +27,7 @@ mod engine;
 mod state;
 
 pub use allocator::{SizeRules, MIN_BLOCK, SMALL_SIZE};
+pub(crate) use engine::completes_on_request;
 pub use engine::Prepared;
 
 use crate::snapshot::{Action, Snapshot, StackId};

@@ -140,6 +140,8 @@ impl Program {
                 None => 0,
             }
         };
+        let no_completions = crate::replay::completes_on_request(events);
+        let mut freed: rustc_hash::FxHashSet<u32> = Default::default();
         let mut i = 0;
         while i < n {
             let e = &events[i];
@@ -156,18 +158,25 @@ impl Program {
                 )),
                 Action::FreeRequested => {
                     if let Some(req) = req_of(replay.partner[i]) {
-                        let now = events.get(i + 1).is_some_and(|next| {
-                            next.action == Action::FreeCompleted && next.addr == e.addr
-                        });
+                        let now = no_completions
+                            || events.get(i + 1).is_some_and(|next| {
+                                next.action == Action::FreeCompleted && next.addr == e.addr
+                            });
                         if now {
                             skip_completion[i + 1] = true;
                         }
+                        freed.insert(req);
                         ops.push((i, Op::Free { req, now }));
                     }
                 }
                 Action::FreeCompleted if !skip_completion[i] => {
                     if let Some(req) = req_of(replay.partner[i]) {
-                        ops.push((i, Op::Complete { req }));
+                        // without its free_requested (`skip_actions`), the free completes now
+                        if freed.remove(&req) {
+                            ops.push((i, Op::Complete { req }));
+                        } else {
+                            ops.push((i, Op::Free { req, now: true }));
+                        }
                     }
                 }
                 Action::SegmentAlloc

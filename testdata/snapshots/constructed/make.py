@@ -25,6 +25,10 @@ file for the source each follows). Nothing else of the recording changes.
   allocated under dict metadata (`_set_memory_metadata({"component": "gradient"})`, written
   as compact JSON since torch 2.15).
 
+- `skip_free_requested.pickle.xz`, `skip_free_completed.pickle.xz`: the default-pool
+  recording with pool ids, without the entries of one action, as
+  `_record_memory_history(skip_actions=[...])` (torch 2.10+) leaves them out.
+
 Usage: python3 make.py      (writes beside itself; needs only the standard library)
 """
 
@@ -182,7 +186,16 @@ def annotated():
     write(snap, "annotated")
 
 
+def skipped():
+    for action in ("free_requested", "free_completed"):
+        with lzma.open(os.path.join(HERE, "pools_default_pool_ids.pickle.xz"), "rb") as f:
+            snap = pickle.load(f)
+        snap["device_traces"][0] = [e for e in snap["device_traces"][0] if e["action"] != action]
+        write(snap, "skip_" + action)
+
+
 if __name__ == "__main__":
     pool_ids()
     host_pinned()
     annotated()
+    skipped()
