@@ -177,81 +177,33 @@ fn event_with_frames(addr: i64, frames: &[(String, i64, String)]) -> V {
     V::Dict(e)
 }
 
-/// Frame file names that all end the same (`/src/dK/model.py`), so that each one's shortest
-/// distinguishing suffix must be found among all the others (compared pair by pair: 3.6 x 10^9
-/// suffix tests), and as many file names that are all different.
-#[test]
-fn many_files_with_one_base_name_and_many_distinct_files() {
-    let dir = scratch();
-    let same = (0..N)
+/// `n` allocations whose single frames are in files that all end in `/model.py`.
+fn same_base(n: i64) -> Vec<V> {
+    (0..n)
         .map(|k| {
             event_with_frames(
                 k * 512,
                 &[(format!("/src/d{k}/model.py"), 3, "forward".into())],
             )
         })
-        .collect();
-    let f = write_snapshot(&dir, "samebase.pickle", vec![], same);
-    let text = ok(&["report", &f, "--by", "site", "--top", "3"]);
-    assert!(text.contains("/model.py:forward"), "{text}");
-    let folded = ok(&["flamegraph", &f, "--folded", "--at", "end"]);
-    assert!(
-        folded.contains("d17/model.py"),
-        "{}",
-        &folded[..folded.len().min(500)]
-    );
-    let distinct = (0..N)
+        .collect()
+}
+
+/// `n` allocations each in a file, function and line of its own.
+fn distinct_files(n: i64) -> Vec<V> {
+    (0..n)
         .map(|k| {
             event_with_frames(
                 k * 512,
                 &[(format!("/src/pkg{k}/mod{k}.py"), k % 1000, format!("f{k}"))],
             )
         })
-        .collect();
-    let f = write_snapshot(&dir, "distinct.pickle", vec![], distinct);
-    let v = json(&f);
-    assert_eq!(v["devices"][0]["events"], N);
-
-    let report: &[&str] = &["report", "{}", "--by", "site", "--top", "3"];
-    let folded: &[&str] = &["flamegraph", "{}", "--folded", "--at", "end"];
-    grows_linearly(
-        &dir,
-        "samebase",
-        |n| {
-            (0..n)
-                .map(|k| {
-                    event_with_frames(
-                        k * 512,
-                        &[(format!("/src/d{k}/model.py"), 3, "forward".into())],
-                    )
-                })
-                .collect()
-        },
-        &[report, folded],
-    );
-    grows_linearly(
-        &dir,
-        "distinct",
-        |n| {
-            (0..n)
-                .map(|k| {
-                    event_with_frames(
-                        k * 512,
-                        &[(format!("/src/pkg{k}/mod{k}.py"), k % 1000, format!("f{k}"))],
-                    )
-                })
-                .collect()
-        },
-        &[report],
-    );
+        .collect()
 }
 
-/// Entries whose stacks of 20 frames are drawn from 10^4 distinct frames, through every
-/// command that reads stacks.
-#[test]
-fn many_entries_sharing_a_pool_of_frames() {
-    let dir = scratch();
-    let trace = (0..N)
+/// `n` allocations whose stacks of 20 frames are drawn from 10^4 distinct frames.
+fn shared_frames(n: i64) -> Vec<V> {
+    (0..n)
         .map(|i| {
             let frames: Vec<_> = (0..20)
                 .map(|k| {
@@ -261,8 +213,40 @@ fn many_entries_sharing_a_pool_of_frames() {
                 .collect();
             event_with_frames(i * 512, &frames)
         })
-        .collect();
-    let f = write_snapshot(&dir, "shared_frames.pickle", vec![], trace);
+        .collect()
+}
+
+/// Frame file names that all end the same (`/src/dK/model.py`), so that each one's shortest
+/// distinguishing suffix must be found among all the others (compared pair by pair: 3.6 x 10^9
+/// suffix tests), and as many file names that are all different.
+#[test]
+fn many_files_with_one_base_name_and_many_distinct_files() {
+    let dir = scratch();
+    let f = write_snapshot(&dir, "samebase.pickle", vec![], same_base(N));
+    let text = ok(&["report", &f, "--by", "site", "--top", "3"]);
+    assert!(text.contains("/model.py:forward"), "{text}");
+    let folded = ok(&["flamegraph", &f, "--folded", "--at", "end"]);
+    assert!(
+        folded.contains("d17/model.py"),
+        "{}",
+        &folded[..folded.len().min(500)]
+    );
+    let f = write_snapshot(&dir, "distinct.pickle", vec![], distinct_files(N));
+    let v = json(&f);
+    assert_eq!(v["devices"][0]["events"], N);
+
+    let report: &[&str] = &["report", "{}", "--by", "site", "--top", "3"];
+    let folded: &[&str] = &["flamegraph", "{}", "--folded", "--at", "end"];
+    grows_linearly(&dir, "samebase", same_base, &[report, folded]);
+    grows_linearly(&dir, "distinct", distinct_files, &[report]);
+}
+
+/// Entries whose stacks of 20 frames are drawn from 10^4 distinct frames, through every
+/// command that reads stacks.
+#[test]
+fn many_entries_sharing_a_pool_of_frames() {
+    let dir = scratch();
+    let f = write_snapshot(&dir, "shared_frames.pickle", vec![], shared_frames(N));
     assert_eq!(json(&f)["devices"][0]["events"], N);
     let folded = ok(&["flamegraph", &f, "--folded", "--at", "end"]);
     assert!(folded.lines().count() > 1000);
@@ -296,19 +280,7 @@ fn many_entries_sharing_a_pool_of_frames() {
     grows_linearly(
         &dir,
         "shared_frames",
-        |n| {
-            (0..n)
-                .map(|i| {
-                    let frames: Vec<_> = (0..20)
-                        .map(|k| {
-                            let f = (i * 7 + k) % 10_000;
-                            (format!("/src/m{f}.py"), k, format!("g{}", (i + k) % 10_000))
-                        })
-                        .collect();
-                    event_with_frames(i * 512, &frames)
-                })
-                .collect()
-        },
+        shared_frames,
         &[
             &["report", "{}"],
             &["flamegraph", "{}", "--folded", "--at", "end"],
