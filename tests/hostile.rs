@@ -449,3 +449,146 @@ fn the_memory_cap_holds_after_decoding() {
         "some cap passes the decoder and stops the export"
     );
 }
+
+/// The most resident memory a run of `memsnap args` reached (Linux: `VmHWM`, read while it
+/// runs), in bytes, with its output.
+#[cfg(target_os = "linux")]
+fn peak_resident(args: &[&str]) -> (u64, std::process::Output) {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memsnap"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status_file = format!("/proc/{}/status", child.id());
+    let mut peak = 0u64;
+    let mut out = Vec::new();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut stdout, &mut buf).unwrap();
+        buf
+    });
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&status_file) {
+            if let Some(kib) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            {
+                peak = peak.max(kib << 10);
+            }
+        }
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    out.extend(reader.join().unwrap());
+    let mut o = child.wait_with_output().unwrap();
+    o.stdout = out;
+    (peak, o)
+}
+
+/// Floods of empty containers and oversized options stay within the allowance every stage is
+/// held to (64 MiB + twice the input, besides what the program needs on a tiny snapshot): the
+/// decoder refuses what no snapshot holds (a segment, block or trace entry that is an empty
+/// dict) before anything is built for it; the rest is read within the same bound.
+#[cfg(target_os = "linux")]
+#[test]
+fn floods_stay_within_the_memory_allowance() {
+    use serde_pickle::value::{HashableValue as H, Value as V};
+    let dir = scratch();
+    let n = 1_000_000;
+    let empty = || V::Dict(Default::default());
+    let block_list = {
+        let mut seg = std::collections::BTreeMap::new();
+        seg.insert(H::String("address".into()), V::I64(1 << 30));
+        seg.insert(H::String("total_size".into()), V::I64(2 << 20));
+        seg.insert(
+            H::String("blocks".into()),
+            V::List((0..n).map(|_| empty()).collect()),
+        );
+        V::Dict(seg)
+    };
+    let classes: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "segments",
+            snapshot_pickle((0..n).map(|_| empty()).collect(), vec![]),
+            "a dict without 'total_size'",
+        ),
+        (
+            "blocks",
+            snapshot_pickle(vec![block_list], vec![]),
+            "a dict without 'size'",
+        ),
+        (
+            "trace",
+            snapshot_pickle(vec![], (0..n).map(|_| empty()).collect()),
+            "a dict without 'action'",
+        ),
+        (
+            "trace lists",
+            snapshot_pickle(vec![], (0..n).map(|_| V::List(vec![])).collect()),
+            "a trace entry",
+        ),
+    ];
+    let tiny = testdata("snapshots/constructed/host_pinned.pickle.xz");
+    let (baseline, o) = peak_resident(&["report", &tiny.to_string_lossy()]);
+    assert!(o.status.success());
+    for (what, bytes, says) in classes {
+        let file = write(&dir, &format!("{what}.pickle").replace(' ', "_"), &bytes);
+        let allowance = baseline + (64 << 20) + 2 * bytes.len() as u64;
+        let (peak, o) = peak_resident(&["report", &file]);
+        eprintln!(
+            "{what}: {} KiB resident, allowance {} KiB",
+            peak >> 10,
+            allowance >> 10
+        );
+        one_line_failure(&o, 1, says);
+        assert!(
+            peak <= allowance,
+            "{what}: {} MiB resident, allowance {} MiB",
+            peak >> 20,
+            allowance >> 20
+        );
+    }
+    // 2,000 settings to try, each simulated in turn
+    let small = testdata("snapshots/allocator/default.pickle.xz");
+    let small = small.to_string_lossy();
+    let mut args: Vec<&str> = vec!["whatif", &small, "--cap", "2.3GiB"];
+    for _ in 0..2000 {
+        args.extend(["--try", "max_split_size_mb:64"]);
+    }
+    let input = std::fs::metadata(testdata("snapshots/allocator/default.pickle.xz"))
+        .unwrap()
+        .len();
+    let (one, _) = peak_resident(&[
+        "whatif",
+        &small,
+        "--cap",
+        "2.3GiB",
+        "--try",
+        "max_split_size_mb:64",
+    ]);
+    let (peak, o) = peak_resident(&args);
+    eprintln!(
+        "--try x1: {} KiB, x2000: {} KiB (input {input} bytes)",
+        one >> 10,
+        peak >> 10
+    );
+    assert!(
+        o.status.success() || o.status.code() == Some(2),
+        "{}",
+        stderr(&o)
+    );
+    // the settings' own results are kept, not their simulations: 2,000 cost what one does,
+    // within the allowance
+    assert!(
+        peak <= one + (64 << 20),
+        "--try x2000: {} MiB resident, one: {} MiB",
+        peak >> 20,
+        one >> 20
+    );
+}

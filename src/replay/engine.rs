@@ -66,11 +66,25 @@ impl Recording {
     }
 }
 
-/// Whether a trace records frees but no `free_completed` (recorded with
-/// `skip_actions=["free_completed"]`, torch 2.10+): its frees then complete at once.
+/// Whether a trace was recorded without `free_completed` (`skip_actions=["free_completed"]`,
+/// torch 2.10+): it has frees, no completion, and an address allocated again after a free
+/// (only a completed free gives a block back). Its frees then complete at once. A trace whose
+/// few frees all still wait for other streams has no such reuse.
 pub(crate) fn completes_on_request(events: &[TraceEvent]) -> bool {
-    events.iter().any(|e| e.action == Action::FreeRequested)
-        && !events.iter().any(|e| e.action == Action::FreeCompleted)
+    if events.iter().any(|e| e.action == Action::FreeCompleted) {
+        return false;
+    }
+    let mut freed: rustc_hash::FxHashSet<u64> = Default::default();
+    for e in events {
+        match e.action {
+            Action::FreeRequested => {
+                freed.insert(e.addr);
+            }
+            Action::Alloc if freed.contains(&e.addr) => return true,
+            _ => {}
+        }
+    }
+    false
 }
 
 /// The replay of one device: the simulated allocator state and the rules it follows.
@@ -172,9 +186,14 @@ impl<'a> Replayer<'a> {
             .map(|(&a, &i)| (a, i))
             .collect();
         by_first.sort_unstable_by_key(|&(_, i)| i);
+        // recorded without free_requested (`skip_actions`): a completion is the free itself
+        let no_requests = !self
+            .events
+            .iter()
+            .any(|e| e.action == Action::FreeRequested);
         for (addr, i) in by_first {
             let e = &self.events[i];
-            if e.action == Action::FreeRequested {
+            if e.action == Action::FreeRequested || no_requests {
                 frees_without_alloc += 1;
             }
             let end_stack = live_at_end.get(&addr).copied();
@@ -194,7 +213,7 @@ impl<'a> Replayer<'a> {
                 } else {
                     end_stack.unwrap_or(StackId::EMPTY)
                 },
-                if e.action == Action::FreeCompleted {
+                if e.action == Action::FreeCompleted && !no_requests {
                     Use::Pending
                 } else {
                     Use::Live

@@ -112,7 +112,11 @@ impl Reader<'_> {
         let d = self.dict_id(v, &ctx)?;
         self.once(d, &ctx)?;
         let address = self.u64_field(d, "address", &ctx)?.unwrap_or(0);
-        let total_size = self.size_field(d, "total_size", &ctx)?.unwrap_or(0);
+        // PyTorch writes every segment with its size: a dict without one (an empty dict, one
+        // of a million) is refused here, before anything is built for it
+        let total_size = self.size_field(d, "total_size", &ctx)?.ok_or_else(|| {
+            FieldError::new(ctx.as_str(), "a dict without 'total_size'", "a segment")
+        })?;
         let segment_type = match self.key(d, "segment_type").and_then(|v| self.heap.text(v)) {
             Some("small") => SegmentType::Small,
             Some(_) => SegmentType::Large,
@@ -178,7 +182,9 @@ impl Reader<'_> {
     fn block(&mut self, v: Value, ctx: &str, cursor: u64) -> Result<Block, FieldError> {
         let d = self.dict_id(v, ctx)?;
         self.once(d, ctx)?;
-        let size = self.size_field(d, "size", ctx)?.unwrap_or(0);
+        let size = self
+            .size_field(d, "size", ctx)?
+            .ok_or_else(|| FieldError::new(ctx, "a dict without 'size'", "a block"))?;
         let state = match self.key(d, "state").and_then(|v| self.heap.text(v)) {
             Some("active_allocated") => BlockState::ActiveAllocated,
             Some("active_pending_free") | Some("active_awaiting_free") => {
@@ -343,7 +349,19 @@ pub(super) fn take_traces(
             let row = match heap.forwarded(item).unwrap_or(item) {
                 Value::Handle(EVENT, r) => r,
                 Value::Dict(d) => {
-                    // A dict completed after it was stored (never from PyTorch): convert now.
+                    // A dict completed after it was stored (never from PyTorch): convert now;
+                    // one without an action is no trace entry.
+                    if !heap
+                        .dict(d)
+                        .iter()
+                        .any(|&(k, _)| k == Value::Str(StrId(super::compact::K_ACTION)))
+                    {
+                        return Err(FieldError::new(
+                            format!("device_traces[{dev}][{i}]"),
+                            "a dict without 'action'",
+                            "a trace entry",
+                        ));
+                    }
                     let ev = compactor.event_of(heap, d)?;
                     compactor.events.push(ev);
                     taken.push(false);
