@@ -226,3 +226,36 @@ fn the_preview_says_before_the_replay_what_the_replay_finds() {
         assert_eq!(r.allocated, replay(&s, 0, SizeModel::Allocator).allocated);
     }
 }
+
+/// A trace recorded without `free_completed` (`skip_actions`) that ends in a free: the block
+/// reused at its address shows the frees completed; the replay and the program built for the
+/// simulation both take each free as complete, up to the last event.
+#[test]
+fn frees_complete_at_once_without_completions() {
+    let base = 1 << 40;
+    let s = snap(
+        vec![segment(base, 2 * MB, vec![(base, 2 * MB, Inactive)])],
+        vec![
+            ev(SegmentAlloc, base, 2 * MB),
+            ev(Alloc, base, 512),
+            ev(FreeRequested, base, 512),
+            ev(Alloc, base, 512),
+            ev(FreeRequested, base, 512),
+        ],
+    );
+    assert!(completes_on_request(s.trace(0)));
+    let r = replay(&s, 0, SizeModel::Allocator);
+    assert!(r.check.consistent, "{:?}", r.check);
+    assert_eq!(r.end.active, 0);
+    assert_eq!(r.peaks.allocated.bytes, 512);
+    let p = crate::simulate::Program::new(&s, &r);
+    let frees: Vec<_> = p
+        .ops
+        .iter()
+        .filter_map(|&(_, op)| match op {
+            crate::simulate::Op::Free { now, .. } => Some(now),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(frees, vec![true, true]);
+}

@@ -158,14 +158,16 @@ impl Program {
                 )),
                 Action::FreeRequested => {
                     if let Some(req) = req_of(replay.partner[i]) {
-                        let now = no_completions
-                            || events.get(i + 1).is_some_and(|next| {
-                                next.action == Action::FreeCompleted && next.addr == e.addr
-                            });
-                        if now {
+                        let paired = events.get(i + 1).is_some_and(|next| {
+                            next.action == Action::FreeCompleted && next.addr == e.addr
+                        });
+                        if paired {
                             skip_completion[i + 1] = true;
                         }
-                        freed.insert(req);
+                        let now = paired || no_completions;
+                        if !now {
+                            freed.insert(req);
+                        }
                         ops.push((i, Op::Free { req, now }));
                     }
                 }
