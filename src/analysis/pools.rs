@@ -75,21 +75,10 @@ pub fn reserved_after(
     let events = snap.trace(device);
     let mut reserved: BTreeMap<(i64, i64), u64> = BTreeMap::new();
     for seg in &replay.start_layout {
-        let end = seg.address.saturating_add(seg.size);
-        let listed = snap
-            .segments_of(device)
-            .find(|s| s.address < end && seg.address < s.address.saturating_add(s.total_size))
-            .map(|s| s.pool_id);
-        let released = || {
-            events
-                .iter()
-                .find(|e| {
-                    matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)
-                        && (seg.address..end).contains(&e.addr)
-                })
-                .and_then(|e| e.pool.pair())
+        let pool = match seg.origin(snap, device) {
+            (Some(s), _) => s.pool_id,
+            (None, released) => released.and_then(|e| e.pool.pair()).unwrap_or((0, 0)),
         };
-        let pool = listed.or_else(released).unwrap_or((0, 0));
         *reserved.entry(pool).or_default() += seg.size;
     }
     let upto = event.map_or(0, |i| i + 1);

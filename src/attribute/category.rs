@@ -244,7 +244,7 @@ pub struct CategorySources {
 
 /// The category a label written by the program or by PyTorch names: a category's name
 /// (`activation`, `optimizer_state`, `optimizer state`), PyTorch's component names (`temp`,
-/// `buffer`, `other`), or a compact JSON object with a `component`, `component_type` or
+/// `buffer`), or a compact JSON object with a `component`, `component_type` or
 /// `category` key naming one. `None` for any other text.
 pub fn named_category(text: &str) -> Option<Category> {
     let text = text.trim();
@@ -308,9 +308,10 @@ pub(crate) fn apply_labels(
     }
     let mut disagree = 0u64;
     let mut done: Vec<usize> = Vec::new();
+    let mut labelled = vec![false; if named.is_empty() { 0 } else { labels.len() }];
     for (j, c) in named {
         let Some(l) = labels.get_mut(j) else { continue };
-        if !done.contains(&j) {
+        if !std::mem::replace(&mut labelled[j], true) {
             done.push(j);
             disagree += u64::from(l.category != c);
         }

@@ -204,6 +204,33 @@ pub struct StartSegment {
     pub blocks: Vec<StartBlock>,
 }
 
+impl StartSegment {
+    /// Where the snapshot says what this segment was: the segment it still lists at its
+    /// address, else the first trace entry that gives it back (`None` for both when neither
+    /// exists). Its stream, pool and kind come from there.
+    pub fn origin<'s>(
+        &self,
+        snap: &'s Snapshot,
+        device: u32,
+    ) -> (
+        Option<&'s crate::snapshot::Segment>,
+        Option<&'s crate::snapshot::TraceEvent>,
+    ) {
+        let end = self.address.saturating_add(self.size);
+        let listed = snap
+            .segments_of(device)
+            .find(|s| s.address < end && self.address < s.address.saturating_add(s.total_size));
+        if listed.is_some() {
+            return (listed, None);
+        }
+        let released = snap.trace(device).iter().find(|e| {
+            matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)
+                && (self.address..end).contains(&e.addr)
+        });
+        (None, released)
+    }
+}
+
 /// A block at trace start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StartBlock {

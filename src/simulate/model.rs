@@ -203,6 +203,12 @@ impl Model {
 
     /// Makes room for private pool `p`; `graph` when a CUDA graph made it for itself.
     pub fn add_pool(&mut self, p: u16, graph: bool) {
+        self.room_for(p);
+        self.capturing[p as usize] = graph;
+    }
+
+    /// Makes room for private pool `p`, as a pool no graph made unless one was added so.
+    fn room_for(&mut self, p: u16) {
         let n = p as usize + 1;
         if self.released.len() < n {
             self.released.resize(n, false);
@@ -211,7 +217,6 @@ impl Model {
             self.unmapped.resize_with(2 * n, BTreeSet::new);
             self.gc_calls.resize(2 * n, 0);
         }
-        self.capturing[p as usize] = graph;
     }
 
     /// Private pool `p` was released (its graph reset, its `MemPool` destroyed): its cached
@@ -222,8 +227,7 @@ impl Model {
         if p == 0 {
             return;
         }
-        let graph = self.capturing.get(p as usize).copied().unwrap_or(false);
-        self.add_pool(p, graph);
+        self.room_for(p);
         if !self.released[p as usize] {
             self.released[p as usize] = true;
             self.release_order.push(p);
@@ -240,7 +244,7 @@ impl Model {
     pub fn load(&mut self, layout: &[StartSegment], streams: &[(i64, bool, u16)], first_req: u32) {
         let mut expandable: Vec<(usize, i64, &StartSegment)> = Vec::new();
         for (seg, &(stream, small, p)) in layout.iter().zip(streams) {
-            self.add_pool(p, self.capturing.get(p as usize).copied().unwrap_or(false));
+            self.room_for(p);
             let pool = slot(p, small);
             if seg.expandable {
                 expandable.push((pool, stream, seg));
@@ -405,7 +409,7 @@ impl Model {
     /// the default pool), or fails as PyTorch would.
     pub fn malloc_in(&mut self, req: u32, size: u64, stream: i64, p: u16) -> Result<(), Failure> {
         let rounded = self.rules.round(size);
-        self.add_pool(p, self.capturing.get(p as usize).copied().unwrap_or(false));
+        self.room_for(p);
         let pool = slot(p, rounded <= SMALL_SIZE);
         let alloc_size = allocation_size(rounded);
         let mut found = self.get_free_block(pool, stream, rounded);

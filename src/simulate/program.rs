@@ -240,7 +240,7 @@ impl Program {
             i += 1;
         }
         let start_streams = start_streams(snap, replay, &mut index);
-        let before = before_blocks(snap, replay, n, &start_streams);
+        let before = before_blocks(replay, n, &start_streams);
         let carries_pools = events.iter().any(|e| e.pool != PoolId::UNKNOWN);
         Program {
             device: replay.device,
@@ -306,46 +306,26 @@ fn start_streams(
     replay: &Replay,
     index: &mut impl FnMut(PoolId) -> u16,
 ) -> Vec<(i64, bool, u16)> {
-    let events = snap.trace(replay.device);
     replay
         .start_layout
         .iter()
-        .map(|seg| {
-            let end = seg.address.saturating_add(seg.size);
-            let recorded = snap
-                .segments_of(replay.device)
-                .find(|s| s.address < end && seg.address < s.address.saturating_add(s.total_size));
-            match recorded {
-                Some(s) => (
-                    s.stream,
-                    s.segment_type == SegmentType::Small,
-                    index(PoolId::pack(s.pool_id)),
-                ),
-                None => {
-                    let release = events.iter().find(|e| {
-                        matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)
-                            && e.addr >= seg.address
-                            && e.addr < end
-                    });
-                    (
-                        release.map_or(0, |e| e.stream),
-                        !seg.expandable && seg.size == 2 << 20,
-                        release.map_or(0, |e| index(e.pool)),
-                    )
-                }
-            }
+        .map(|seg| match seg.origin(snap, replay.device) {
+            (Some(s), _) => (
+                s.stream,
+                s.segment_type == SegmentType::Small,
+                index(PoolId::pack(s.pool_id)),
+            ),
+            (None, release) => (
+                release.map_or(0, |e| e.stream),
+                !seg.expandable && seg.size == 2 << 20,
+                release.map_or(0, |e| index(e.pool)),
+            ),
         })
         .collect()
 }
 
 /// The blocks alive before the trace, in address order.
-fn before_blocks(
-    snap: &Snapshot,
-    replay: &Replay,
-    n: usize,
-    streams: &[(i64, bool, u16)],
-) -> Vec<Before> {
-    let _ = snap;
+fn before_blocks(replay: &Replay, n: usize, streams: &[(i64, bool, u16)]) -> Vec<Before> {
     let mut out = Vec::new();
     for (seg, &(stream, _, pool)) in replay.start_layout.iter().zip(streams) {
         for b in &seg.blocks {

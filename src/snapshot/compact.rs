@@ -179,6 +179,17 @@ fn pool_of(heap: &Heap, v: Value) -> PoolId {
     }
 }
 
+/// Replaces a `pool_id` tuple by the handle of its packed `pool` (so the tuple does not stay
+/// in the heap, held by its memo entry); the handle, or `None` for no pool id.
+fn pool_handle(heap: &mut Heap, tuple: Ref, pool: PoolId) -> Option<Value> {
+    if pool == PoolId::UNKNOWN {
+        return None;
+    }
+    let handle = Value::Handle(POOL, pool.0 as u32);
+    heap.replace_list(tuple, handle);
+    Some(handle)
+}
+
 impl EntryCompactor {
     pub(crate) fn new() -> Self {
         EntryCompactor {
@@ -470,9 +481,7 @@ impl Adopter for EntryCompactor {
                 // the pool id's tuple becomes its handle, as in `adopt`
                 for &(key, val) in dict.pairs.iter() {
                     if let (Value::Str(StrId(K_POOL_ID)), Value::Tuple(t)) = (key, val) {
-                        if ev.pool != PoolId::UNKNOWN {
-                            heap.replace_list(t, Value::Handle(POOL, ev.pool.0 as u32));
-                        }
+                        pool_handle(heap, t, ev.pool);
                     }
                 }
                 out.dict = self.push_event(ev);
@@ -563,12 +572,7 @@ impl Adopter for EntryCompactor {
             // the heap, held by its memo entry, for the whole decode)
             Value::Tuple(t) if key == Some(Value::Str(StrId(K_POOL_ID))) => {
                 let pool = pool_of(heap, value);
-                if pool == PoolId::UNKNOWN {
-                    return Ok(value);
-                }
-                let handle = Value::Handle(POOL, pool.0 as u32);
-                heap.replace_list(t, handle);
-                Ok(handle)
+                Ok(pool_handle(heap, t, pool).unwrap_or(value))
             }
             Value::List(l) if key == Some(Value::Str(StrId(K_FRAMES))) => {
                 match self.stack_of(heap, value) {
