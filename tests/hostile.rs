@@ -592,3 +592,143 @@ fn floods_stay_within_the_memory_allowance() {
         one >> 20
     );
 }
+
+/// Inputs beside the pickle's containers stay within the same allowance: a 10 MB allocator
+/// settings text inside a snapshot, rules files of 10,000 rules (refused) and of 1,000
+/// (read), a 1 MB regex literal, and settings options at their length limit.
+#[test]
+fn settings_rules_and_options_stay_within_the_memory_allowance() {
+    use serde_pickle::value::{HashableValue as H, Value as V};
+    let dir = scratch();
+    let small = testdata("snapshots/allocator/default.pickle.xz");
+    let small = small.to_string_lossy().into_owned();
+    let small_len = std::fs::metadata(&small).unwrap().len();
+    let (baseline, o) = peak_resident(&["report", &small]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let allowance = |input: u64| baseline + (64 << 20) + 2 * input;
+    let check = |what: &str, args: &[&str], input: u64, ok: bool, says: &str| {
+        let (peak, o) = peak_resident(args);
+        eprintln!(
+            "{what}: {} KiB resident, allowance {} KiB",
+            peak >> 10,
+            allowance(input) >> 10
+        );
+        if ok {
+            assert!(o.status.success(), "{what}: {}", stderr(&o));
+        } else {
+            one_line_failure(&o, 2, says);
+        }
+        assert!(
+            peak <= allowance(input),
+            "{what}: {} MiB resident, allowance {} MiB",
+            peak >> 20,
+            allowance(input) >> 20
+        );
+    };
+
+    // a snapshot whose allocator settings hold 10 MB of text, twice
+    let big = "x".repeat(10_000_000);
+    let mut settings = std::collections::BTreeMap::new();
+    settings.insert(
+        H::String("PYTORCH_CUDA_ALLOC_CONF".into()),
+        V::String(big.clone()),
+    );
+    settings.insert(H::String("some_future_key".into()), V::String(big));
+    let trace = vec![
+        trace_entry("segment_alloc", 1 << 30, 2 << 20, 1),
+        trace_entry("alloc", 1 << 30, 1 << 20, 2),
+        trace_entry("free_requested", 1 << 30, 1 << 20, 3),
+        trace_entry("free_completed", 1 << 30, 1 << 20, 4),
+    ];
+    let mut snap = std::collections::BTreeMap::new();
+    snap.insert(H::String("segments".into()), V::List(vec![]));
+    snap.insert(
+        H::String("device_traces".into()),
+        V::List(vec![V::List(trace)]),
+    );
+    snap.insert(H::String("allocator_settings".into()), V::Dict(settings));
+    let bytes = serde_pickle::value_to_vec(&V::Dict(snap), Default::default()).unwrap();
+    let file = write(&dir, "settings.pickle", &bytes);
+    let len = bytes.len() as u64;
+    let (peak, o) = peak_resident(&["report", &file, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    // the text is neither echoed nor parsed
+    assert!(text.len() < 1 << 20, "{} bytes of output", text.len());
+    assert!(peak <= allowance(len), "settings: {} MiB", peak >> 20);
+    eprintln!("10 MB settings text: {} KiB resident", peak >> 10);
+    check(
+        "10 MB settings text, whatif",
+        &["whatif", &file, "--cap", "1GiB"],
+        len,
+        true,
+        "",
+    );
+
+    // rules: 10,000 is past the limit, 1,000 is read and applied
+    let rules = |n: usize| -> String {
+        (0..n)
+            .map(|i| format!("[[rule]]\nfunction = \"^fn_{i}_(a|b)+$\"\nstage = \"s{i}\"\n"))
+            .collect()
+    };
+    let many = write(&dir, "many.toml", rules(10_000).as_bytes());
+    check(
+        "10,000 rules",
+        &["report", &small, "--rules", &many],
+        small_len + std::fs::metadata(&many).unwrap().len(),
+        false,
+        "--rules",
+    );
+    let thousand = write(&dir, "thousand.toml", rules(1_000).as_bytes());
+    check(
+        "1,000 rules",
+        &["report", &small, "--rules", &thousand],
+        small_len + std::fs::metadata(&thousand).unwrap().len(),
+        true,
+        "",
+    );
+
+    // a regex literal of 1 MB less the rest of the file
+    let literal = format!(
+        "[[rule]]\nfile = \"{}\"\nstage = \"s\"\n",
+        "ab".repeat(500_000 - 32)
+    );
+    let regex = write(&dir, "regex.toml", literal.as_bytes());
+    check(
+        "1 MB regex literal",
+        &["report", &small, "--rules", &regex],
+        small_len + literal.len() as u64,
+        false,
+        "--rules",
+    );
+
+    // 1,000 rules whose patterns each compile to a large program: each gets a share of one
+    // budget, and those past their share are refused
+    let heavy: String = (0..1_000)
+        .map(|i| format!("[[rule]]\nfunction = \"^(\\\\w{{4}}|x{i})$\"\nstage = \"s\"\n"))
+        .collect();
+    let heavy = write(&dir, "heavy.toml", heavy.as_bytes());
+    check(
+        "1,000 heavy patterns",
+        &["report", &small, "--rules", &heavy],
+        small_len + std::fs::metadata(&heavy).unwrap().len(),
+        false,
+        "the most a pattern may take",
+    );
+
+    // settings options at their 4 KiB limit, 64 of them, and one past it
+    let long = format!("max_split_size_mb:64,{}", "x".repeat(4000));
+    let mut args = vec!["whatif", small.as_str(), "--cap", "2.3GiB"];
+    for _ in 0..64 {
+        args.extend(["--try", long.as_str()]);
+    }
+    check("64 settings of 4 KiB", &args, small_len, false, "--try");
+    let longer = "x".repeat(100 << 10);
+    check(
+        "a 100 KiB setting",
+        &["whatif", &small, "--cap", "2.3GiB", "--try", &longer],
+        small_len,
+        false,
+        "--try",
+    );
+}

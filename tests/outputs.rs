@@ -424,6 +424,14 @@ fn command_line_and_rules_errors_are_one_safe_line() {
             &big_re,
         ]),
         2,
+        "a pattern may have at most 16.00 KiB",
+    );
+    // a short pattern whose program is too large
+    let heavy = "[[rule]]\nfunction = '\\w{40}'\nphase = 'forward'\n";
+    let heavy = write(&dir, "heavy_re.toml", heavy.as_bytes());
+    one_line_failure(
+        &memsnap(&["report", &input, "--rules", &heavy]),
+        2,
         "the most a pattern may take",
     );
     // Control characters in a name are escaped, never sent to the terminal.

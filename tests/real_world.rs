@@ -436,6 +436,135 @@ fn a_pipeline_cut_short_by_an_oom() {
     assert!(log.contains("CUDA out of memory"));
 }
 
+/// What a rank of a cut pipeline printed in exact bytes: `(step, iterations, bytes)` after
+/// each step, and `(step, iteration, bytes)` after each iteration of steps 1 and 4.
+type Printed = (Vec<(u64, u64, u64)>, Vec<(u64, u64, u64)>);
+
+fn printed_bytes(log: &str, rank: u64) -> Printed {
+    let prefix = format!("[rank={rank} pp={rank}] ");
+    let mut steps = Vec::new();
+    let mut loops = Vec::new();
+    for l in log.lines().filter_map(|l| l.strip_prefix(&prefix)) {
+        let Some(bytes) = l
+            .split_once("bytes=")
+            .and_then(|(_, b)| b.split(' ').next()?.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if let Some(rest) = l.strip_prefix("After Step") {
+            let (step, rest) = rest.split_once(" (").unwrap();
+            let iterations = rest.split(' ').next().unwrap().parse().unwrap();
+            if let Ok(step) = step.parse::<u64>() {
+                steps.push((step, iterations, bytes));
+            }
+        } else if let Some(rest) = l.strip_prefix("Step") {
+            let step = rest[..1].parse().unwrap();
+            let i = rest.split_once("i=").unwrap().1.split(':').next().unwrap();
+            loops.push((step, i.parse().unwrap(), bytes));
+        }
+    }
+    (steps, loops)
+}
+
+/// Pipelines cut short by an out-of-memory error in steps 1 to 4 (2 and 4 ranks, with and
+/// without expandable segments, Python-only and full stacks): every step that ran to its end
+/// has the iteration count and the end the program printed in bytes, each iteration of
+/// steps 1 and 4 ends where it printed, the step the error stopped is claimed no count, and
+/// the step table is the same with the source at hand.
+#[test]
+fn pipelines_cut_short_keep_the_steps_that_ran() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/snapgen");
+    let with_source = root.is_dir() || shared().is_some();
+    let root = root.to_string_lossy().into_owned();
+    let cut = testdata("snapshots/pipelines/cut");
+    let (mut steps_checked, mut loops_checked, mut files) = (0, 0, 0);
+    let mut cut_in = std::collections::BTreeSet::new();
+    for dir in std::fs::read_dir(&cut).unwrap() {
+        let dir = dir.unwrap().path();
+        let log = std::fs::read_to_string(dir.join("train.log")).unwrap();
+        assert!(log.contains("CUDA out of memory"), "{}", dir.display());
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let file = entry.unwrap().path();
+            let name = file.file_name().unwrap().to_string_lossy().into_owned();
+            let Some(rest) = name.strip_prefix("memory_snapshot_rank") else {
+                continue;
+            };
+            let rank: u64 = rest.split('_').next().unwrap().parse().unwrap();
+            let what = format!("{} rank {rank}", dir.display());
+            let (printed, loops) = printed_bytes(&log, rank);
+            let rep = report(&file, &[]);
+            let d = &rep["devices"][0];
+            let rows = d["steps"].as_array().unwrap();
+            let pipeline = &d["attribution"]["pipeline"];
+            // the error stopped the step after the last one printed
+            let stopped = printed.last().map_or(1, |p| p.0 + 1);
+            assert_eq!(pipeline["cut_in"].as_u64(), Some(stopped), "{what}");
+            cut_in.insert(stopped);
+            for &(step, iterations, bytes) in &printed {
+                let row = rows.iter().rev().find(|r| r["step"] == step);
+                match row {
+                    Some(r) => {
+                        assert_eq!(r["iterations"].as_u64(), Some(iterations), "{what} {step}");
+                        assert_eq!(
+                            r["end_allocated_bytes"].as_u64(),
+                            Some(bytes),
+                            "{what} {step}"
+                        );
+                    }
+                    None => assert_eq!(iterations, 0, "{what}: step {step} has no row"),
+                }
+                steps_checked += 1;
+            }
+            for &(step, i, bytes) in loops.iter().filter(|l| l.0 < stopped) {
+                let row = rows.iter().find(|r| r["step"] == step).unwrap();
+                let ends = row["iteration_end_allocated_bytes"].as_array().unwrap();
+                assert_eq!(
+                    ends[i as usize].as_u64(),
+                    Some(bytes),
+                    "{what} {step} i={i}"
+                );
+                loops_checked += 1;
+            }
+            let last = rows.iter().rev().find(|r| r["step"] == stopped).unwrap();
+            assert!(last["iterations"].is_null(), "{what}: {last}");
+            if with_source {
+                let from = report(&file, &["--source-root", &root]);
+                let table = |r: &Value| -> Vec<(String, Value, Value)> {
+                    r["devices"][0]["steps"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|s| {
+                            let label = s["label"].as_str().unwrap().to_string();
+                            (
+                                label,
+                                s["end_allocated_bytes"].clone(),
+                                s["iterations"].clone(),
+                            )
+                        })
+                        .collect()
+                };
+                assert_eq!(
+                    from["devices"][0]["attribution"]["pipeline"]["steps_from"]["from"],
+                    "source"
+                );
+                assert_eq!(table(&from), table(&rep), "{what}");
+            }
+            files += 1;
+        }
+    }
+    eprintln!("{files} files: {steps_checked} step ends, {loops_checked} iteration ends");
+    assert!(files >= 17 && steps_checked >= 19 && loops_checked >= 46);
+    assert_eq!(cut_in.into_iter().collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+    // the text says where the pipeline stopped
+    let d80 = cut.join("d80/memory_snapshot_rank0_d80.pickle.xz");
+    let text = ok(&["report", &d80.to_string_lossy()]);
+    assert!(
+        text.contains("pipeline rank 0 of 2, at least 4 micro-batches; cut short in step 3"),
+        "{text}"
+    );
+}
+
 /// Stages of generic programs read like a model summary: the module path, with class names
 /// when the source is at hand, and the layer of a loop over layers.
 #[test]

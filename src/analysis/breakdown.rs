@@ -301,7 +301,6 @@ pub fn step_table(snap: &Snapshot, replay: &Replay, a: &Attribution) -> Vec<Step
     let multi = a.multi_step();
     let mut rows: Vec<StepRow> = Vec::new();
     let mut i = 0;
-    let shape = a.pipeline.as_ref().and_then(|p| p.shape);
     // A row: one pipeline step, or outside a pipeline one phase, of one training step.
     let key = |l: &Label| {
         let (phase, mb) = if l.pipe_step == 0 {
@@ -333,10 +332,8 @@ pub fn step_table(snap: &Snapshot, replay: &Replay, a: &Attribution) -> Vec<Step
             }
         }
         let label = a.step_text(&l, multi);
-        let chunks_known = a.pipeline.as_ref().is_some_and(|p| p.chunks_known);
-        let iterations = match (shape, l.pipe_step) {
-            (Some(_), 4) if !chunks_known => None,
-            (Some(s), 1..=8) => Some(s.iterations()[l.pipe_step as usize - 1]),
+        let iterations = match (&a.pipeline, l.pipe_step) {
+            (Some(p), 1..=8) => p.iterations[l.pipe_step as usize - 1],
             _ => None,
         };
         rows.push(StepRow {

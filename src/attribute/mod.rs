@@ -261,6 +261,14 @@ pub struct PipelineInfo {
     /// Whether `shape.chunks` is the number of micro-batches: a trace cut short in step 4
     /// (an out-of-memory error) shows only a lower bound.
     pub chunks_known: bool,
+    /// Loop iterations of steps 1..=8 (index 0 = step 1), for each step that ran to its end
+    /// and whose count the schedule fixes (a trace cut short early may leave the shape open
+    /// but still fix the counts of its first steps).
+    #[serde(default)]
+    pub iterations: [Option<u32>; 8],
+    /// The step a trace cut short by an out-of-memory error stopped in.
+    #[serde(default)]
+    pub cut_in: Option<u8>,
     /// `(step, first line, last line)` of each step region of `step()`.
     pub regions: Vec<(u8, u32, u32)>,
     /// Recorded path of the file defining `DualPipeV.step`.

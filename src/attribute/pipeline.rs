@@ -132,6 +132,20 @@ fn restarts(
     out
 }
 
+/// How many restarts happen at each depth or above it: entry `d` counts those at depths
+/// `0..=d`.
+fn restart_profile(restarts: &[(usize, usize)]) -> Vec<u32> {
+    let deepest = restarts.iter().map(|r| r.1).max();
+    let mut out = vec![0u32; deepest.map_or(1, |d| d + 1)];
+    for &(_, d) in restarts {
+        out[d] += 1;
+    }
+    for d in 1..out.len() {
+        out[d] += out[d - 1];
+    }
+    out
+}
+
 /// Stage regions of one function: `(n, first line, last line, name)`.
 type StageRegions = Vec<(u32, u32, u32, String)>;
 
@@ -323,11 +337,38 @@ pub(crate) fn label(
     for c in &mut scan.calls {
         c.step = step_of_line(&found.regions, c.site);
     }
-    // 3. the pipeline's shape, and calls repeating one site split into their iterations
-    let shape = found.shape.or_else(|| shape_from_calls(&scan.calls));
-    if let Some(shape) = shape {
-        split_iterations(snap, events, &mut scan, &shape);
+    // 3. the pipeline's shape and the counts of the steps that ran to their end; calls
+    // repeating one site split into their iterations
+    let shape = found.shape.or_else(|| {
+        (!preview.has_oom)
+            .then(|| shape_from_calls(&scan.calls))
+            .flatten()
+    });
+    let last_step = scan
+        .calls
+        .iter()
+        .map(|c| c.step)
+        .filter(|s| (1..=8).contains(s))
+        .max()
+        .unwrap_or(0);
+    // An out-of-memory error ended the trace inside `step()`: its last step did not finish.
+    let cut_in =
+        (preview.has_oom && last_step > 0 && !scan.calls.iter().any(|c| c.step == STEP_AFTER))
+            .then_some(last_step);
+    let mut iterations = [None; 8];
+    for (k, slot) in iterations.iter_mut().enumerate() {
+        let step = k as u8 + 1;
+        if cut_in.is_some_and(|c| step >= c) {
+            continue;
+        }
+        *slot = found.counts[k].or(shape.map(|s| s.iterations()[k]));
     }
+    // Cut short before step 4 ended, a trace shows only some of step 4's iterations.
+    let chunks_known = !preview.has_oom || last_step > 4;
+    if !chunks_known {
+        iterations[3] = None;
+    }
+    split_iterations(snap, events, &mut scan, &iterations, cut_in);
     // 4. each call's op, phase and micro-batches
     let call_labels = label_calls(&scan.calls, shape.as_ref(), names);
     // 5. each event's labels
@@ -341,20 +382,13 @@ pub(crate) fn label(
         labels,
         &mut facts,
     );
-    // Cut short before step 4 ended, a trace shows only some of step 4's iterations.
-    let last_step = scan
-        .calls
-        .iter()
-        .map(|c| c.step)
-        .filter(|s| (1..=8).contains(s))
-        .max()
-        .unwrap_or(0);
-    let chunks_known = !preview.has_oom || last_step > 4;
     Some(PipelineInfo {
         note: found.note,
         steps_from: found.steps_from,
         shape,
         chunks_known,
+        iterations,
+        cut_in,
         regions: found
             .regions
             .iter()
@@ -456,8 +490,10 @@ struct FoundRegions {
     /// `(step, first line, last line)`, including the regions before step 1 and after step 8.
     regions: Vec<(u8, u32, u32)>,
     steps_from: StepSource,
-    /// The shape, when inference found it.
+    /// The shape, when the schedule fits one.
     shape: Option<Shape>,
+    /// Iterations of the steps that ran to their end ([`infer::Fit::counts`]).
+    counts: [Option<u32>; 8],
     note: Option<String>,
 }
 
@@ -511,16 +547,6 @@ fn step_regions(
             }
             out
         });
-    if let Some(regions) = source_regions.filter(|r| r.len() > 2) {
-        return Some(FoundRegions {
-            regions,
-            steps_from: StepSource::Source {
-                file: sources.resolved(path).unwrap_or(path).to_string(),
-            },
-            shape: None,
-            note,
-        });
-    }
     let first_rank = Some(
         frames::distinct_stacks(snap, preview.device)
             .into_iter()
@@ -533,6 +559,24 @@ fn step_regions(
         .map(|c| (c.site, c.kind))
         .collect();
     let events = snap.trace(preview.device);
+    // a site called once in the first invocation may be a whole loop of one call: how its
+    // stacks start over tells how many iterations it can be
+    let mut visits: HashMap<u32, u32> = HashMap::new();
+    for &(site, _) in &first {
+        *visits.entry(site).or_default() += 1;
+    }
+    let profiles: Vec<Vec<u32>> = calls
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.invocation == 0)
+        .map(|(k, c)| {
+            if visits[&c.site] == 1 {
+                restart_profile(&restarts(snap, events, &scan.main_of_call[k]))
+            } else {
+                Vec::new()
+            }
+        })
+        .collect();
     let started_outside = calls
         .first()
         .is_some_and(|c| (0..c.first).any(|i| fact(cache, snap, events[i].stack).main_thread));
@@ -540,11 +584,27 @@ fn step_regions(
         head: !preview.history.complete && !started_outside,
         tail: preview.has_oom,
     };
-    let (regions, shape) = infer::infer(&first, first_rank, cut)?;
+    if let Some(regions) = source_regions.filter(|r| r.len() > 2) {
+        let (shape, counts) = infer::fit_known(&first, &profiles, first_rank, cut, |line| {
+            step_of_line(&regions, line)
+        })
+        .unwrap_or((None, [None; 8]));
+        return Some(FoundRegions {
+            regions,
+            steps_from: StepSource::Source {
+                file: sources.resolved(path).unwrap_or(path).to_string(),
+            },
+            shape,
+            counts,
+            note,
+        });
+    }
+    let fit = infer::infer(&first, &profiles, first_rank, cut)?;
     Some(FoundRegions {
-        regions,
+        regions: fit.regions,
         steps_from: StepSource::Inferred,
-        shape,
+        shape: fit.shape,
+        counts: fit.counts,
         note,
     })
 }
@@ -564,15 +624,16 @@ fn step_of_line(regions: &[(u8, u32, u32)], line: u32) -> u8 {
     best
 }
 
-/// Splits each call that stands for a whole loop of one site into the loop's iterations, as
-/// many as the schedule gives its step.
+/// Splits each call that stands for a whole loop of one site into the loop's iterations: as
+/// many as `counts` gives its step, or, in the step a cut trace stopped in, as many as its
+/// stacks show starting over at the outermost depth that does.
 fn split_iterations(
     snap: &Snapshot,
     events: &[crate::snapshot::TraceEvent],
     scan: &mut CallScan,
-    shape: &Shape,
+    counts: &[Option<u32>; 8],
+    cut_in: Option<u8>,
 ) {
-    let counts = shape.iterations();
     let calls = &mut scan.calls;
     let mut k = 0;
     while k < calls.len() {
@@ -583,13 +644,17 @@ fn split_iterations(
             .count();
         let one_site = same_step == 1;
         if (1..=8).contains(&step) && one_site {
-            let want = counts[step as usize - 1] as usize;
+            let found = restarts(snap, events, &scan.main_of_call[k]);
+            let want = match counts[step as usize - 1] {
+                Some(c) => c as usize,
+                None if cut_in == Some(step) && inv == 0 => {
+                    let outermost = found.iter().map(|r| r.1).min();
+                    1 + found.iter().filter(|r| Some(r.1) == outermost).count()
+                }
+                None => 0,
+            };
             if want >= 2 {
-                let cuts = choose_cuts(
-                    &restarts(snap, events, &scan.main_of_call[k]),
-                    &scan.main_of_call[k],
-                    want - 1,
-                );
+                let cuts = choose_cuts(&found, &scan.main_of_call[k], want - 1);
                 split_call(calls, &mut scan.call_of, &mut scan.main_of_call, k, &cuts);
                 k += cuts.len() + 1;
                 continue;

@@ -76,12 +76,30 @@ pub use crate::error::options::MAX_RULES;
 pub use crate::error::RulesError;
 /// The most memory one compiled pattern may take (and its lazy DFA's cache).
 const PATTERN_SIZE_LIMIT: usize = 1 << 20;
+/// The most memory all of a file's compiled patterns may take together, caches included: a
+/// file of many rules gives each pattern a share of it.
+const RULES_MEMORY: usize = 32 << 20;
+/// The longest pattern text read: the regex parser's syntax tree costs tens of bytes per
+/// character before any size limit applies.
+pub const MAX_PATTERN_BYTES: usize = 16 << 10;
 
-/// A rule's pattern, compiled within a memory limit; the parser's error on one line.
-fn pattern(p: &str) -> Result<Regex, String> {
+/// What each pattern of a file of `patterns` patterns may take, compiled and cached.
+fn pattern_limit(patterns: usize) -> usize {
+    (RULES_MEMORY / 2 / patterns.max(1)).min(PATTERN_SIZE_LIMIT)
+}
+
+/// A rule's pattern, compiled within `limit` bytes; the parser's error on one line.
+fn pattern(p: &str, limit: usize) -> Result<Regex, String> {
+    if p.len() > MAX_PATTERN_BYTES {
+        return Err(format!(
+            "{} long; a pattern may have at most {}",
+            crate::units::bytes(p.len() as u64),
+            crate::units::bytes(MAX_PATTERN_BYTES as u64)
+        ));
+    }
     regex::RegexBuilder::new(p)
-        .size_limit(PATTERN_SIZE_LIMIT)
-        .dfa_size_limit(PATTERN_SIZE_LIMIT)
+        .size_limit(limit)
+        .dfa_size_limit(limit)
         .build()
         .map_err(|e| match e {
             regex::Error::Syntax(text) => {
@@ -94,7 +112,7 @@ fn pattern(p: &str) -> Result<Regex, String> {
                 what.trim().to_string()
             }
             regex::Error::CompiledTooBig(limit) => format!(
-                "it compiles to more than {}, the most a pattern may take",
+                "it compiles to more than {}, the most a pattern may take in this file",
                 crate::units::bytes(limit as u64)
             ),
             other => crate::units::one_line(&other.to_string()),
@@ -125,6 +143,12 @@ impl RuleSet {
         if raw.rule.len() > MAX_RULES {
             return Err(RulesError::TooMany(raw.rule.len()));
         }
+        let patterns = raw
+            .rule
+            .iter()
+            .map(|r| r.file.is_some() as usize + r.function.is_some() as usize)
+            .sum();
+        let limit = pattern_limit(patterns);
         let mut rules = Vec::new();
         for (i, r) in raw.rule.into_iter().enumerate() {
             let n = i + 1;
@@ -132,7 +156,7 @@ impl RuleSet {
                 |field: &'static str, s: &Option<String>| -> Result<Option<Regex>, RulesError> {
                     s.as_deref()
                         .map(|p| {
-                            pattern(p).map_err(|message| RulesError::Pattern {
+                            pattern(p, limit).map_err(|message| RulesError::Pattern {
                                 rule: n,
                                 field,
                                 message,
@@ -299,5 +323,24 @@ mod tests {
             .to_string();
         assert!(e.contains("sets no label"), "{e}");
         assert!(RuleSet::parse("[[rule]]\nbogus = 1").is_err());
+    }
+
+    #[test]
+    fn patterns_share_one_memory_budget() {
+        // a file of few rules gives each pattern the full limit, a file of many a share
+        assert_eq!(pattern_limit(1), PATTERN_SIZE_LIMIT);
+        assert!(pattern_limit(2_000) * 2_000 <= RULES_MEMORY / 2);
+        assert!(pattern_limit(2_000) >= 8 << 10);
+        let rule = "[[rule]]\nfunction = \"^\\\\w{4}$\"\nstage = \"s\"\n";
+        assert!(RuleSet::parse(rule).is_ok());
+        let e = RuleSet::parse(&rule.repeat(1_000)).unwrap_err().to_string();
+        assert!(e.contains("the most a pattern may take"), "{e}");
+        // the text's length is checked before the parser builds its tree
+        let long = format!(
+            "[[rule]]\nfile = \"{}\"\nstage = \"s\"\n",
+            "a".repeat(MAX_PATTERN_BYTES + 1)
+        );
+        let e = RuleSet::parse(&long).unwrap_err().to_string();
+        assert!(e.contains("a pattern may have at most 16.00 KiB"), "{e}");
     }
 }

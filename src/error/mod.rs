@@ -70,8 +70,8 @@ pub enum ErrorKind {
     /// A snapshot whose fields have the wrong types.
     #[error("invalid snapshot: {0}")]
     Invalid(FieldError),
-    /// A rules file that cannot be used.
-    #[error("{0}")]
+    /// A rules file that cannot be used (named with the option that gave it).
+    #[error("--rules: {0}")]
     Rules(RulesError),
     /// A chart that cannot be drawn or written.
     #[error("{0}")]

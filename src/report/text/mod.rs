@@ -492,12 +492,16 @@ fn write_attribution(out: &mut Out, d: &DeviceReport, options: &TextOptions) -> 
             crate::attribute::StepSource::Inferred => "inferred from the trace".to_string(),
         };
         let shape = info.shape.map_or(String::new(), |s| {
+            let least = if info.chunks_known { "" } else { "at least " };
             format!(
-                "; pipeline rank {} of {}, {} micro-batches",
+                "; pipeline rank {} of {}, {least}{} micro-batches",
                 s.rank, s.ranks, s.chunks
             )
         });
-        writeln!(out, "  DualPipeV steps {from}{shape}")?;
+        let cut = info.cut_in.map_or(String::new(), |s| {
+            format!("; cut short in step {s} by the out-of-memory error")
+        });
+        writeln!(out, "  DualPipeV steps {from}{shape}{cut}")?;
         if let Some(note) = &info.note {
             writeln!(out, "  note: {note}")?;
         }
