@@ -293,6 +293,10 @@ pub struct StepRow {
     pub iteration_end_allocated_bytes: Vec<u64>,
     /// Categories of the memory live at the row's peak, largest first.
     pub peak_categories: Vec<Share>,
+    /// A phase that ran (its `record_function` range is in the trace) but allocated and
+    /// freed nothing: its first and last event are the event before it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub quiet: bool,
 }
 
 /// Builds the per-step table.
@@ -310,11 +314,17 @@ pub fn step_table(snap: &Snapshot, replay: &Replay, a: &Attribution) -> Vec<Step
         };
         (l.train_step, l.pipe_step, phase, mb)
     };
+    let mut quiet = a.quiet.iter().peekable();
     while i < n {
         let l = a.labels[i];
         let k = key(&l);
         let mut j = i;
-        while j + 1 < n && key(&a.labels[j + 1]) == k {
+        // a quiet phase after an event ends that event's row
+        while quiet.peek().is_some_and(|q| q.after < i) {
+            quiet.next();
+        }
+        let stop = quiet.peek().map_or(usize::MAX, |q| q.after);
+        while j + 1 < n && key(&a.labels[j + 1]) == k && j != stop {
             j += 1;
         }
         // A pipeline row ends at the last event of its step; stray events outside the pipeline
@@ -349,7 +359,33 @@ pub fn step_table(snap: &Snapshot, replay: &Replay, a: &Attribution) -> Vec<Step
             peak_event_index: peak_at,
             iteration_end_allocated_bytes: iteration_ends(replay, a, i, j),
             peak_categories: Vec::new(),
+            quiet: false,
         });
+        while let Some(q) = quiet.next_if(|q| q.after == j) {
+            let mut ql = a.labels[j];
+            if (1..=8).contains(&ql.pipe_step) {
+                continue;
+            }
+            ql.pipe_step = crate::attribute::STEP_NONE;
+            ql.phase = q.phase;
+            ql.mb = crate::attribute::NO_MB;
+            let at = replay.allocated[j];
+            rows.push(StepRow {
+                train_step: ql.train_step,
+                step: ql.pipe_step,
+                label: a.step_text(&ql, multi),
+                iterations: None,
+                first_event: j,
+                last_event: j,
+                start_allocated_bytes: at,
+                end_allocated_bytes: at,
+                peak_allocated_bytes: at,
+                peak_event_index: j,
+                iteration_end_allocated_bytes: Vec::new(),
+                peak_categories: Vec::new(),
+                quiet: true,
+            });
+        }
         i = j + 1;
     }
     let peaks: Vec<usize> = rows.iter().map(|r| r.peak_event_index).collect();
@@ -365,8 +401,18 @@ fn merge_small_rows(rows: Vec<StepRow>) -> Vec<StepRow> {
     let mut out: Vec<StepRow> = Vec::new();
     for row in rows {
         if let Some(last) = out.last_mut() {
-            if last.step == row.step && last.train_step == row.train_step && last.label == row.label
-            {
+            let same = last.step == row.step
+                && last.train_step == row.train_step
+                && last.label == row.label;
+            // a quiet range beside a row of its own phase adds nothing to it
+            if same && row.quiet {
+                continue;
+            }
+            if same && last.quiet {
+                *last = row;
+                continue;
+            }
+            if same {
                 if row.peak_allocated_bytes > last.peak_allocated_bytes {
                     last.peak_allocated_bytes = row.peak_allocated_bytes;
                     last.peak_event_index = row.peak_event_index;

@@ -325,6 +325,56 @@ fn annotation_ranges(snap: &Snapshot, device: u32) -> Vec<(i64, i64, crate::snap
     out
 }
 
+/// A `record_function` range of a phase in which nothing was allocated or freed (a fused
+/// optimizer whose state exists, an update the gradient scaler skipped): the phase ran but has
+/// no event of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuietPhase {
+    /// The last event before the range.
+    pub after: usize,
+    /// The range's phase.
+    pub phase: Phase,
+}
+
+/// The optimizer updates of a device's trace that hold no event, in time order: the ranges
+/// `torch.optim` itself opens around every `step()` (`Optimizer.step#AdamW.step`), which
+/// name the phase for certain; one inside another that holds events (an optimizer wrapping
+/// another) is part of that one.
+pub(crate) fn quiet_phases(snap: &Snapshot, device: u32) -> Vec<QuietPhase> {
+    let events = snap.trace(device);
+    let mut out = Vec::new();
+    // ranges by start, the longest first among equal starts
+    let mut reach = i64::MIN;
+    for (start, end, name) in annotation_ranges(snap, device) {
+        let phase = Phase::Optimizer;
+        if !snap.str(name).starts_with("Optimizer.step#") {
+            continue;
+        }
+        let lo = events.partition_point(|e| e.time_us < start);
+        let hi = events.partition_point(|e| e.time_us <= end);
+        if hi > lo {
+            reach = reach.max(end);
+            continue;
+        }
+        // inside a range with events, or before the first event: nothing to show apart
+        if end <= reach || lo == 0 {
+            continue;
+        }
+        if out
+            .last()
+            .is_some_and(|q: &QuietPhase| q.after == lo - 1 && q.phase == phase)
+        {
+            continue;
+        }
+        out.push(QuietPhase {
+            after: lo - 1,
+            phase,
+        });
+    }
+    out.sort_by_key(|q| q.after);
+    out
+}
+
 fn phase_of_annotation(name: &str) -> Option<Phase> {
     let n = name.to_ascii_lowercase();
     if n.contains("zero_grad") {

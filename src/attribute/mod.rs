@@ -307,6 +307,8 @@ pub struct Attribution {
     pub phase_sources: generic::PhaseSources,
     /// What decided the categories (generic preset; zero for pipelines).
     pub category_sources: category::CategorySources,
+    /// Phase ranges that allocated and freed nothing, in event order.
+    pub quiet: Vec<generic::QuietPhase>,
 }
 
 impl Attribution {
@@ -362,6 +364,7 @@ pub struct Labelled {
     names: Names,
     pipeline: Option<PipelineInfo>,
     phase_sources: generic::PhaseSources,
+    quiet: Vec<generic::QuietPhase>,
 }
 
 /// Labels every event of one device with its step, op, phase and stage (everything but the
@@ -404,6 +407,7 @@ pub fn label(snap: &Snapshot, preview: &Preview, options: &Options) -> Labelled 
         names,
         pipeline: info,
         phase_sources,
+        quiet: generic::quiet_phases(snap, preview.device),
     }
 }
 
@@ -419,6 +423,7 @@ impl Labelled {
             mut names,
             pipeline,
             phase_sources,
+            quiet,
         } = self;
         let mut preexisting = vec![Label::BEFORE_TRACE; replay.preexisting.len()];
         let mut category_sources = match preset {
@@ -466,6 +471,7 @@ impl Labelled {
             pipeline,
             phase_sources,
             category_sources,
+            quiet,
         }
     }
 }
