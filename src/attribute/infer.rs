@@ -544,7 +544,9 @@ fn judge(
             .rev()
             .find_map(|g| g.iterations)
     };
-    let step4_done = cut_in.is_none_or(|c| c > 4);
+    // step 4 ran to its end, and from its start (a trace that lost its beginning in step 4
+    // shows only its last iterations)
+    let step4_done = cut_in.is_none_or(|c| c > 4) && !(truncated_head && first_step >= Some(4));
     if step4_done {
         counts[3] = step4.or((takes[4] > 0).then_some(1));
     }
@@ -827,6 +829,8 @@ mod tests {
         let steps: Vec<u8> = regions.iter().map(|r| r.0).collect();
         assert_eq!(steps, vec![4, 5, 6, 7, 8, super::super::STEP_AFTER]);
         assert_eq!(shape, None, "step 4 was cut: its count says nothing");
+        let fit = infer(&v, &[], None, cut).unwrap();
+        assert_eq!(fit.counts[3], None, "step 4 lost its first iterations");
     }
 
     const CUT: Cut = Cut {
