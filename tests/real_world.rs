@@ -307,65 +307,86 @@ fn check_pipeline(folder: &str, extra: &[&str], ranks: &[u32], chunks: Option<u6
                     .contains(&format!("memory_snapshot_rank{rank}_"))
             })
             .unwrap();
-        let rep = report(&file, extra);
-        let d = &rep["devices"][0];
-        let pipeline = &d["attribution"]["pipeline"];
-        let shape = &pipeline["shape"];
-        if chunks.is_some() {
-            assert_eq!(
-                shape["ranks"].as_u64(),
-                Some(ranks.len() as u64),
-                "{folder} rank {rank}"
-            );
-        }
-        assert_eq!(
-            shape["rank"].as_u64(),
-            Some(rank as u64),
-            "{folder} rank {rank}: {shape}"
-        );
-        if let Some(n) = chunks {
-            assert_eq!(
-                shape["chunks"].as_u64(),
-                Some(n),
-                "{folder} rank {rank}: {shape}"
-            );
-        }
-        let steps = d["steps"].as_array().unwrap();
-        let gib = |b: u64| format!("{:.2}", b as f64 / (1u64 << 30) as f64);
-        let mut last_end: Option<u64> = None;
-        let printed = printed_steps(&log, rank);
-        assert!(!printed.is_empty(), "{folder} rank {rank}");
-        for (step, iterations, want) in printed {
-            let rows: Vec<&Value> = steps.iter().filter(|r| r["step"] == step).collect();
-            let end = match rows.last() {
-                Some(r) => {
-                    let it = r["iterations"].as_u64();
-                    assert_eq!(
-                        it,
-                        Some(iterations),
-                        "{folder} rank {rank} step {step} iterations"
-                    );
-                    r["end_allocated_bytes"].as_u64()
-                }
-                None => {
-                    // a loop of no iteration ends where the next step starts
-                    assert_eq!(
-                        iterations, 0,
-                        "{folder} rank {rank}: step {step} has no row"
-                    );
-                    steps
-                        .iter()
-                        .find(|r| (step + 1..=8).contains(&r["step"].as_u64().unwrap()))
-                        .and_then(|r| r["start_allocated_bytes"].as_u64())
-                        .or(last_end)
-                }
-            };
-            assert_eq!(end.map(gib), Some(want), "{folder} rank {rank} step {step}");
-            last_end = end;
-            checked += 1;
-        }
+        let shape = chunks.map(|n| (ranks.len() as u64, n));
+        checked += check_rank(&file, &log, rank, extra, shape);
     }
     checked
+}
+
+/// One rank of a pipeline recording against what it printed: the rank (and, when given, the
+/// number of ranks and micro-batches), each step's end and iteration count; returns the steps
+/// checked.
+fn check_rank(
+    file: &std::path::Path,
+    log: &str,
+    rank: u32,
+    extra: &[&str],
+    shape_want: Option<(u64, u64)>,
+) -> usize {
+    let what = format!("{} rank {rank}", file.display());
+    let rep = report(file, extra);
+    let d = &rep["devices"][0];
+    let shape = &d["attribution"]["pipeline"]["shape"];
+    if let Some((ranks, chunks)) = shape_want {
+        assert_eq!(shape["ranks"].as_u64(), Some(ranks), "{what}: {shape}");
+        assert_eq!(shape["chunks"].as_u64(), Some(chunks), "{what}: {shape}");
+    }
+    assert_eq!(shape["rank"].as_u64(), Some(rank as u64), "{what}: {shape}");
+    let steps = d["steps"].as_array().unwrap();
+    let gib = |b: u64| format!("{:.2}", b as f64 / (1u64 << 30) as f64);
+    let mut last_end: Option<u64> = None;
+    let printed = printed_steps(log, rank);
+    assert!(!printed.is_empty(), "{what}");
+    let mut checked = 0;
+    for (step, iterations, want) in printed {
+        let rows: Vec<&Value> = steps.iter().filter(|r| r["step"] == step).collect();
+        let end = match rows.last() {
+            Some(r) => {
+                let it = r["iterations"].as_u64();
+                assert_eq!(it, Some(iterations), "{what} step {step} iterations");
+                r["end_allocated_bytes"].as_u64()
+            }
+            None => {
+                // a loop of no iteration ends where the next step starts
+                assert_eq!(iterations, 0, "{what}: step {step} has no row");
+                steps
+                    .iter()
+                    .find(|r| (step + 1..=8).contains(&r["step"].as_u64().unwrap()))
+                    .and_then(|r| r["start_allocated_bytes"].as_u64())
+                    .or(last_end)
+            }
+        };
+        assert_eq!(end.map(gib), Some(want), "{what} step {step}");
+        last_end = end;
+        checked += 1;
+    }
+    checked
+}
+
+/// The pipelines of the size sweeps (2 ranks with 4 to 16 micro-batches, 4 ranks with 8 to 24),
+/// first and last rank: N = 2P, where step 4 runs once and rank 0 starts it with an
+/// overlapped call, included.
+#[test]
+fn every_sweep_pipeline_ends_its_steps_where_it_printed() {
+    let dir = testdata("snapshots/sweeps/pipe");
+    let mut checked = 0;
+    for (tag, ranks, chunks) in [
+        ("pp2n4", 2, 4),
+        ("pp2n6", 2, 6),
+        ("pp2n8", 2, 8),
+        ("pp2n16", 2, 16),
+        ("pp4n8", 4, 8),
+        ("pp4n12", 4, 12),
+        ("pp4n16", 4, 16),
+        ("pp4n24", 4, 24),
+    ] {
+        let log = std::fs::read_to_string(dir.join(format!("{tag}.log"))).unwrap();
+        for rank in [0, ranks - 1] {
+            let file = dir.join(format!("memory_snapshot_rank{rank}_{tag}_step0.pickle.xz"));
+            checked += check_rank(&file, &log, rank, &[], Some((ranks as u64, chunks)));
+        }
+    }
+    assert!(checked >= 60, "{checked}");
 }
 
 /// Pipelines of 4 and 8 ranks (micro-batches N = 2P, the edge, and N = 3P), every rank: the

@@ -392,18 +392,44 @@ pub fn step_table(snap: &Snapshot, replay: &Replay, a: &Attribution) -> Vec<Step
     for (row, shares) in rows.iter_mut().zip(categories_at(snap, replay, a, &peaks)) {
         row.peak_categories = shares;
     }
-    merge_small_rows(rows)
+    // rows of a forward, backward or optimizer phase that only free
+    let events = snap.trace(a.device);
+    let frees_only: Vec<bool> = rows
+        .iter()
+        .map(|r| {
+            use crate::attribute::Phase;
+            let phase = a.labels.get(r.first_event).map(|l| l.phase);
+            !r.quiet
+                && r.step == crate::attribute::STEP_NONE
+                && matches!(
+                    phase,
+                    Some(Phase::Forward | Phase::Backward | Phase::Optimizer)
+                )
+                && events.get(r.first_event..=r.last_event).is_some_and(|es| {
+                    es.iter()
+                        .all(|e| e.action != crate::snapshot::Action::Alloc)
+                })
+        })
+        .collect();
+    merge_small_rows(rows, &frees_only)
 }
 
 /// Rows of a few events between two rows of the same step (a stray free from another thread)
 /// are folded into their neighbours so the table reads as one row per step.
-fn merge_small_rows(rows: Vec<StepRow>) -> Vec<StepRow> {
+///
+/// A forward, backward or optimizer row that only frees, after a row of the same phase and
+/// training step, is a label left set (memory metadata naming a phase that has ended): it
+/// joins the row before it.
+fn merge_small_rows(rows: Vec<StepRow>, frees_only: &[bool]) -> Vec<StepRow> {
     let mut out: Vec<StepRow> = Vec::new();
-    for row in rows {
+    let mut seen: std::collections::HashSet<(u16, String)> = Default::default();
+    for (row, &frees_only) in rows.into_iter().zip(frees_only) {
+        let again = frees_only && seen.contains(&(row.train_step, row.label.clone()));
+        seen.insert((row.train_step, row.label.clone()));
         if let Some(last) = out.last_mut() {
             let same = last.step == row.step
                 && last.train_step == row.train_step
-                && last.label == row.label;
+                && (last.label == row.label || again);
             // a quiet range beside a row of its own phase adds nothing to it
             if same && row.quiet {
                 continue;
