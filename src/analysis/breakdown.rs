@@ -293,8 +293,8 @@ pub struct StepRow {
     pub iteration_end_allocated_bytes: Vec<u64>,
     /// Categories of the memory live at the row's peak, largest first.
     pub peak_categories: Vec<Share>,
-    /// A phase that ran (its `record_function` range is in the trace) but allocated and
-    /// freed nothing: its first and last event are the event before it.
+    /// An optimizer update that ran (its `record_function` range is in the trace) but
+    /// allocated and freed nothing: its first and last event are the event before it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub quiet: bool,
 }
@@ -361,13 +361,13 @@ pub fn step_table(snap: &Snapshot, replay: &Replay, a: &Attribution) -> Vec<Step
             peak_categories: Vec::new(),
             quiet: false,
         });
-        while let Some(q) = quiet.next_if(|q| q.after == j) {
+        while quiet.next_if(|q| q.after == j).is_some() {
             let mut ql = a.labels[j];
             if (1..=8).contains(&ql.pipe_step) {
                 continue;
             }
             ql.pipe_step = crate::attribute::STEP_NONE;
-            ql.phase = q.phase;
+            ql.phase = crate::attribute::Phase::Optimizer;
             ql.mb = crate::attribute::NO_MB;
             let at = replay.allocated[j];
             rows.push(StepRow {

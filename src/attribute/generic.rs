@@ -325,28 +325,24 @@ fn annotation_ranges(snap: &Snapshot, device: u32) -> Vec<(i64, i64, crate::snap
     out
 }
 
-/// A `record_function` range of a phase in which nothing was allocated or freed (a fused
-/// optimizer whose state exists, an update the gradient scaler skipped): the phase ran but has
-/// no event of its own.
+/// An optimizer update in which nothing was allocated or freed (a fused optimizer whose state
+/// exists): it ran, but has no event of its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QuietPhase {
-    /// The last event before the range.
+    /// The last event before the update's range.
     pub after: usize,
-    /// The range's phase.
-    pub phase: Phase,
 }
 
-/// The optimizer updates of a device's trace that hold no event, in time order: the ranges
-/// `torch.optim` itself opens around every `step()` (`Optimizer.step#AdamW.step`), which
-/// name the phase for certain; one inside another that holds events (an optimizer wrapping
-/// another) is part of that one.
+/// The optimizer updates of a device's trace that hold no event, in event order, each once:
+/// the ranges `torch.optim` itself opens around every `step()` (`Optimizer.step#AdamW.step`),
+/// which name the phase for certain; one inside another that holds events (an optimizer
+/// wrapping another) is part of that one.
 pub(crate) fn quiet_phases(snap: &Snapshot, device: u32) -> Vec<QuietPhase> {
     let events = snap.trace(device);
-    let mut out = Vec::new();
-    // ranges by start, the longest first among equal starts
+    let mut out: Vec<QuietPhase> = Vec::new();
+    // ranges by start, the longest first among equal starts: `after` never decreases
     let mut reach = i64::MIN;
     for (start, end, name) in annotation_ranges(snap, device) {
-        let phase = Phase::Optimizer;
         if !snap.str(name).starts_with("Optimizer.step#") {
             continue;
         }
@@ -360,18 +356,11 @@ pub(crate) fn quiet_phases(snap: &Snapshot, device: u32) -> Vec<QuietPhase> {
         if end <= reach || lo == 0 {
             continue;
         }
-        if out
-            .last()
-            .is_some_and(|q: &QuietPhase| q.after == lo - 1 && q.phase == phase)
-        {
+        if out.last().is_some_and(|q| q.after == lo - 1) {
             continue;
         }
-        out.push(QuietPhase {
-            after: lo - 1,
-            phase,
-        });
+        out.push(QuietPhase { after: lo - 1 });
     }
-    out.sort_by_key(|q| q.after);
     out
 }
 

@@ -521,20 +521,18 @@ fn judge(
     let truncated_head = first_step.is_some_and(|k| (1..k).any(|j| expected[j - 1] > 0));
     let mut counts = [None; 8];
     for (k, slot) in counts.iter_mut().enumerate() {
-        let step = k as u8 + 1;
-        if Some(k + 1) == cut_in || k == 3 || truncated_head && Some(k + 1) <= first_step {
+        // the step the cut stopped and those after it, step 4 (below), and the step a trace
+        // that lost its beginning starts in and those before it
+        let step = k + 1;
+        if cut_in.is_some_and(|c| step >= c) || k == 3 || truncated_head && Some(step) <= first_step
+        {
             continue;
         }
-        let agreed = best
+        *slot = best
             .iter()
             .map(|&(p, r)| open_counts(p, r)[k])
             .reduce(|a, b| if a == b { a } else { None })
             .flatten();
-        // a step after the cut never ran
-        if cut_in.is_some_and(|c| step as usize > c) {
-            continue;
-        }
-        *slot = agreed;
     }
     // Step 4's count is the iterations of its interleaved group, when there is one.
     let step4 = {
@@ -556,21 +554,14 @@ fn judge(
         rank,
         chunks: (2 * ranks).max((2 * ranks + seen).saturating_sub(rank + 1)),
     };
-    let exp = Shape {
-        ranks,
-        rank,
-        chunks: 0,
-    }
-    .iterations();
     let open = cut.tail && best.len() > 1;
     let shape = match step4 {
         _ if truncated_head || open => None,
-        Some(c4) => Shape::from_counts(exp[1], exp[2], c4).or_else(|| cut.tail.then(|| fewest(c4))),
+        // steps 2 and 3 do not depend on the micro-batches
+        Some(c4) => Shape::from_counts(expected[1], expected[2], c4)
+            .or_else(|| cut.tail.then(|| fewest(c4))),
         None => cut.tail.then(|| fewest(u32::from(takes[4] > 0))),
     };
-    if !step4_done {
-        counts[3] = None;
-    }
     (shape, counts)
 }
 
@@ -719,14 +710,7 @@ mod tests {
         let mut shared = CostMemo::new(gs.len());
         for ranks in 1..=8u32 {
             for rank in 0..ranks {
-                let mut counts = Shape {
-                    ranks,
-                    rank,
-                    chunks: 2 * ranks,
-                }
-                .iterations()
-                .map(Some);
-                counts[3] = None;
+                let counts = open_counts(ranks, rank);
                 for cut in [
                     Cut::default(),
                     Cut {

@@ -307,7 +307,7 @@ pub struct Attribution {
     pub phase_sources: generic::PhaseSources,
     /// What decided the categories (generic preset; zero for pipelines).
     pub category_sources: category::CategorySources,
-    /// Phase ranges that allocated and freed nothing, in event order.
+    /// Optimizer updates that allocated and freed nothing, in event order.
     pub quiet: Vec<generic::QuietPhase>,
 }
 
