@@ -1,6 +1,7 @@
 """`memsnap mcp` driven by the official MCP Python SDK (`pip install mcp`) as a client: every
 tool, a path outside the roots, a missing file and a hostile pickle, and the server still
-serving after them. Run from the repository root: `python python/tests/mcp_client.py`."""
+serving after them. The server's root is `testdata`, and paths are relative to it. Run from the
+repository root: `python python/tests/mcp_client.py`."""
 
 import asyncio
 import json
@@ -12,7 +13,7 @@ import memsnap
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-SNAPSHOT = "testdata/snapshots/single-gpu/memory_snapshot_rank0_step1.pickle.xz"
+SNAPSHOT = "snapshots/single-gpu/memory_snapshot_rank0_step1.pickle.xz"
 PRINTED_PEAK = 3090155008
 
 
@@ -51,21 +52,22 @@ async def main():
             check(len(sites["top_sites"]) == 2, "top_sites")
             live = await call(session, "live_at", {"path": SNAPSHOT, "at": "peak"})
             check(live["allocated_bytes"] == PRINTED_PEAK, "live_at peak: the printed peak")
-            oom = await call(session, "oom", {"path": "testdata/snapshots/allocator/cap_mid.pickle.xz"})
+            oom = await call(session, "oom", {"path": "snapshots/allocator/cap_mid.pickle.xz"})
             check(oom["devices"][0]["oom"]["verdict"] == "fragmentation", "oom: the verdict")
-            whatif = await call(session, "whatif", {"path": "testdata/snapshots/allocator/default.pickle.xz", "settings": ["expandable_segments:True"]})
+            whatif = await call(session, "whatif", {"path": "snapshots/allocator/default.pickle.xz", "settings": ["expandable_segments:True"]})
             check(whatif["devices"][0]["simulated"][0]["alloc_conf"] == "expandable_segments:True", "whatif")
-            ranks = await call(session, "compare", {"paths": ["testdata/snapshots/fsdp"]})
+            ranks = await call(session, "compare", {"paths": ["snapshots/fsdp"]})
             check(len(ranks["rows"]) == 2, "compare: a folder of two ranks")
             with tempfile.TemporaryDirectory(dir="testdata") as d:
-                out = os.path.join(d, "t.png")
+                out = os.path.join(os.path.basename(d), "t.png")
                 drawn = await call(session, "timeline", {"path": SNAPSHOT, "output": out})
-                check(os.path.isfile(out) and "written" in drawn, "timeline writes the PNG")
+                written = os.path.join("testdata", out)
+                check(os.path.isfile(written) and drawn["written"] == out, "timeline writes the PNG")
             outside = await call(session, "report", {"path": "/etc/hostname"})
             check(outside[0] == "error" and "outside" in outside[1], "a path outside the roots is an error")
-            missing = await call(session, "report", {"path": "testdata/no-such.pickle"})
+            missing = await call(session, "report", {"path": "no-such.pickle"})
             check(missing[0] == "error", "a missing file is an error")
-            hostile = await call(session, "report", {"path": "testdata/fuzz/memoize.pickle"})
+            hostile = await call(session, "report", {"path": "fuzz/memoize.pickle"})
             check(hostile[0] == "error", "a hostile pickle is an error")
             again = await call(session, "steps", {"path": SNAPSHOT})
             check(again["steps"] == steps["steps"], "the server still serves")

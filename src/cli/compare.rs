@@ -52,7 +52,7 @@ fn is_summary_name(p: &Path) -> bool {
     name.ends_with(".jsonl") || name.ends_with(".json")
 }
 
-fn is_snapshot_name(p: &Path) -> bool {
+pub(super) fn is_snapshot_name(p: &Path) -> bool {
     let name = p
         .file_name()
         .map(|n| n.to_string_lossy().to_ascii_lowercase())

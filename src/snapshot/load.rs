@@ -24,29 +24,31 @@ pub struct LoadOptions {
 }
 
 /// Decodes a large plain snapshot file in parts on several threads ([`super::split`]); `None`
-/// when it is not such a file or the split gives up.
+/// when it is not such a file or the split gives up (then `file` is read from its start again).
 #[cfg(unix)]
 fn load_split(
-    path: &Path,
+    file: &std::fs::File,
     len: u64,
     options: &LoadOptions,
     on_read: Box<dyn FnMut(u64) + Send>,
 ) -> Option<Snapshot> {
-    if path == Path::new(pickle::source::STDIN) {
-        return None;
-    }
-    let file = std::fs::File::open(path).ok()?;
     let mut head = [0u8; 6];
-    std::os::unix::fs::FileExt::read_exact_at(&file, &mut head, 0).ok()?;
+    std::os::unix::fs::FileExt::read_exact_at(file, &mut head, 0).ok()?;
     if pickle::Compression::sniff(&head) != pickle::Compression::None {
         return None;
     }
-    super::split::load(file, len, options.limits, options.threads, on_read)
+    super::split::load(
+        file.try_clone().ok()?,
+        len,
+        options.limits,
+        options.threads,
+        on_read,
+    )
 }
 
 #[cfg(not(unix))]
 fn load_split(
-    _: &Path,
+    _: &std::fs::File,
     _: u64,
     _: &LoadOptions,
     _: Box<dyn FnMut(u64) + Send>,
@@ -60,12 +62,43 @@ fn read_ahead(threads: usize) -> bool {
     usable_threads(threads) > 1
 }
 
-/// Reads a snapshot file: plain, gzip, xz or zstd pickle.
+/// Reads a snapshot file: plain, gzip, xz or zstd pickle ([`pickle::source::STDIN`] reads
+/// standard input).
 pub fn load(path: &Path, options: &LoadOptions) -> Result<Snapshot, Error> {
-    let wrap = |kind| Error::new(path, kind);
     // No output of this process will be written over the file (`crate::output`).
     crate::output::note_input(path);
-    let total = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    if path == Path::new(pickle::source::STDIN) {
+        let stdin = std::io::BufReader::with_capacity(1 << 16, std::io::stdin());
+        return load_from(Input::Stream(Box::new(stdin)), path, options);
+    }
+    let file = std::fs::File::open(path).map_err(|e| Error::new(path, ErrorKind::Io(e)))?;
+    load_from(Input::File(file), path, options)
+}
+
+/// Reads a snapshot from a file already open, which is what is read whatever `name` (the name
+/// errors and the snapshot give it) leads to now.
+pub fn load_open(
+    file: std::fs::File,
+    name: &Path,
+    options: &LoadOptions,
+) -> Result<Snapshot, Error> {
+    crate::output::note_input(name);
+    load_from(Input::File(file), name, options)
+}
+
+/// What a snapshot is read from.
+enum Input {
+    File(std::fs::File),
+    /// A pipe: its size is unknown, and it is read once.
+    Stream(Box<dyn std::io::Read + Send>),
+}
+
+fn load_from(input: Input, path: &Path, options: &LoadOptions) -> Result<Snapshot, Error> {
+    let wrap = |kind| Error::new(path, kind);
+    let total = match &input {
+        Input::File(f) => f.metadata().map(|m| m.len()).unwrap_or(0),
+        Input::Stream(_) => 0,
+    };
     let progress = options.on_progress.clone();
     let on_read = move || -> Box<dyn FnMut(u64) + Send> {
         let progress = progress.clone();
@@ -77,12 +110,25 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<Snapshot, Error> {
             }
         })
     };
-    let (mut snap, compression, file_bytes) = match load_split(path, total, options, on_read()) {
+    let split = match &input {
+        Input::File(f) => load_split(f, total, options, on_read()),
+        Input::Stream(_) => None,
+    };
+    let (mut snap, compression, file_bytes) = match split {
         Some(snap) => (snap, pickle::Compression::None, total),
         None => {
-            let (reader, compression, file_bytes) =
-                pickle::source::open(path, on_read(), read_ahead(options.threads))
+            let raw: Box<dyn std::io::Read + Send> = match input {
+                Input::File(mut f) => {
+                    use std::io::Seek;
+                    f.rewind().map_err(|e| wrap(ErrorKind::Io(e)))?;
+                    Box::new(std::io::BufReader::with_capacity(1 << 16, f))
+                }
+                Input::Stream(s) => s,
+            };
+            let (reader, compression) =
+                pickle::source::open_reader(raw, on_read(), read_ahead(options.threads))
                     .map_err(|e| wrap(ErrorKind::Io(e)))?;
+            let file_bytes = total;
             let mut limits = options.limits;
             if limits.size_hint == 0 {
                 // Snapshots compress about 10-20x; a generous guess only reserves address

@@ -24,7 +24,7 @@ mod stacks;
 use std::path::Path;
 
 pub use build::{flat_agrees, from_pickle, HOST_DEVICE, MAX_DEVICE, MAX_TIME_US};
-pub use load::{load, LoadOptions};
+pub use load::{load, load_open, LoadOptions};
 #[cfg(unix)]
 pub use split::parts_agree;
 

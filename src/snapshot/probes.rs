@@ -5,7 +5,8 @@
 //! difference is that memory.
 //!
 //! The side file is found from the snapshot's own path (never from anything inside a
-//! snapshot), read through the bounded reader and parsed with serde_json.
+//! snapshot), read through the bounded reader and parsed with serde_json. Side files of every
+//! kind (`.probes.json`, `.tensors.json`) are told from snapshots here ([`is_side_file`]).
 
 use std::path::{Path, PathBuf};
 
@@ -14,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::output::{read_small, SmallFileError};
 
 /// The largest probes file read.
-const MAX_BYTES: u64 = 4 << 20;
+pub const MAX_BYTES: u64 = 4 << 20;
 /// The most probes kept from one file.
 const MAX_PROBES: usize = 10_000;
 
@@ -49,13 +50,29 @@ struct File {
     probes: Vec<Probe>,
 }
 
-/// Whether `path` names a probes side file (`*.probes.json`), which folder listings of
-/// snapshots leave out.
+/// Why a probes file was left out.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProbesError {
+    /// It could not be read (too large, not a regular file, an I/O error): in words.
+    #[error("{0}")]
+    Read(String),
+    /// It is not the JSON `memsnap.Capture` writes.
+    #[error("not probes JSON: {0}")]
+    NotJson(String),
+    /// More probes than are read.
+    #[error("{0} probes, at most {MAX_PROBES} are read")]
+    TooMany(usize),
+}
+
+/// The endings of the side files `memsnap.Capture` writes beside a snapshot.
+pub const SIDE_FILE_ENDINGS: [&str; 2] = [".probes.json", ".tensors.json"];
+
+/// Whether `path` names a side file written beside a snapshot (`*.probes.json`,
+/// `*.tensors.json`), which folder listings of snapshots leave out.
 pub fn is_side_file(path: &Path) -> bool {
     path.file_name().is_some_and(|n| {
-        n.to_string_lossy()
-            .to_ascii_lowercase()
-            .ends_with(".probes.json")
+        let name = n.to_string_lossy().to_ascii_lowercase();
+        SIDE_FILE_ENDINGS.iter().any(|end| name.ends_with(end))
     })
 }
 
@@ -77,29 +94,32 @@ fn with_suffix(p: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// The probes beside `snapshot`: `Ok(None)` when there is no side file; an error (in words)
-/// when there is one that cannot be read.
-pub fn read(snapshot: &Path) -> Result<Option<(PathBuf, Vec<Probe>)>, String> {
+/// The probes beside `snapshot`: `Ok(None)` when there is no side file; an error when there
+/// is one that cannot be read.
+pub fn read(snapshot: &Path) -> Result<Option<(PathBuf, Vec<Probe>)>, ProbesError> {
     let Some(path) = sidecars(snapshot).into_iter().find(|p| p.is_file()) else {
         return Ok(None);
     };
-    let bytes = read_small(&path, MAX_BYTES).map_err(|e: SmallFileError| e.to_string())?;
-    let file: File = serde_json::from_slice(&bytes).map_err(|e| format!("not probes JSON: {e}"))?;
+    let bytes = read_small(&path, MAX_BYTES)
+        .map_err(|e: SmallFileError| ProbesError::Read(e.to_string()))?;
+    Ok(Some((path, parse(&bytes)?)))
+}
+
+/// The probes of a side file's bytes, with what they imply.
+pub fn parse(bytes: &[u8]) -> Result<Vec<Probe>, ProbesError> {
+    let file: File =
+        serde_json::from_slice(bytes).map_err(|e| ProbesError::NotJson(e.to_string()))?;
     if file.probes.len() > MAX_PROBES {
-        return Err(format!(
-            "{} probes, at most {MAX_PROBES} are read",
-            file.probes.len()
-        ));
+        return Err(ProbesError::TooMany(file.probes.len()));
     }
-    let probes = file
+    Ok(file
         .probes
         .into_iter()
         .map(|mut p| {
             p.outside_bytes = p.device_used_bytes.saturating_sub(p.reserved_bytes);
             p
         })
-        .collect();
-    Ok(Some((path, probes)))
+        .collect())
 }
 
 #[cfg(test)]
@@ -126,6 +146,9 @@ mod tests {
         assert_eq!(probes[0].outside_bytes, 40);
         assert_eq!(probes[0].name, "after init");
         std::fs::write(&side, b"{not json").unwrap();
-        assert!(read(&snap).unwrap_err().starts_with("not probes JSON"));
+        assert!(matches!(read(&snap), Err(ProbesError::NotJson(_))));
+        assert!(is_side_file(Path::new("x/s.pickle.tensors.json")));
+        assert!(is_side_file(&side));
+        assert!(!is_side_file(&snap));
     }
 }
