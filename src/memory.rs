@@ -13,7 +13,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 /// The system allocator, counting live bytes (install with `#[global_allocator]`).
 pub struct Counting;
@@ -92,6 +92,31 @@ pub fn thread_bytes() -> i64 {
     THREAD_BYTES.try_with(|c| c.get().0).unwrap_or(0)
 }
 
+/// The process's memory allowance (`--max-memory`), for every stage to check against.
+static ALLOWANCE: AtomicU64 = AtomicU64::new(Caps::DEFAULT.max_memory);
+
+/// Sets the whole process's memory allowance (`--max-memory`): what [`check`] compares with.
+pub fn set_allowance(bytes: u64) {
+    ALLOWANCE.store(bytes, Ordering::Relaxed);
+}
+
+/// The whole process's memory allowance.
+pub fn allowance() -> u64 {
+    ALLOWANCE.load(Ordering::Relaxed)
+}
+
+/// `Err(allowance)` when the process holds more than its allowance, or would after taking
+/// `more` bytes: a stage about to build something large asks first, and any stage can ask as
+/// what it holds grows.
+pub fn check(more: u64) -> Result<(), u64> {
+    let max = allowance();
+    if process_bytes().saturating_add(more) > max {
+        Err(max)
+    } else {
+        Ok(())
+    }
+}
+
 /// The memory caps of one run, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Caps {
@@ -131,6 +156,12 @@ mod tests {
         assert!(process_bytes() >= 1 << 20);
         drop(kept);
         assert!(thread_bytes() - before < 1 << 10);
+    }
+
+    #[test]
+    fn the_allowance_is_checked_with_what_a_stage_is_about_to_take() {
+        assert_eq!(check(0), Ok(()));
+        assert_eq!(check(u64::MAX), Err(allowance()));
     }
 
     #[test]

@@ -732,3 +732,71 @@ fn settings_rules_and_options_stay_within_the_memory_allowance() {
         "--try",
     );
 }
+
+/// Two tiny snapshots of a loop of three 1 MiB allocations, at sizes 1 and 2 (one and two
+/// iterations): `whatif --scale` grows the stream by nine ops per unit of size.
+fn tiny_loop_samples(dir: &tempfile::TempDir) -> (String, String) {
+    let sample = |iterations: i64| {
+        let mut trace = Vec::new();
+        let mut t = 1000;
+        for _ in 0..iterations {
+            for k in 0..3 {
+                trace.push(trace_entry(
+                    "alloc",
+                    0x7f00_0000_0000 + (k << 20),
+                    1 << 20,
+                    t,
+                ));
+                t += 1;
+            }
+            for k in 0..3 {
+                let addr = 0x7f00_0000_0000 + (k << 20);
+                trace.push(trace_entry("free_requested", addr, 1 << 20, t));
+                trace.push(trace_entry("free_completed", addr, 1 << 20, t + 1));
+                t += 2;
+            }
+        }
+        snapshot_pickle(vec![], trace)
+    };
+    let one = write(dir, "loop1.pickle", &sample(1));
+    let two = write(dir, "loop2.pickle", &sample(2));
+    (format!("{one}=1"), format!("{two}=2"))
+}
+
+/// `whatif --scale` holds one predicted program at a time, and asks the memory allowance before
+/// building one and as it grows: many large targets cost what one costs, and a target past
+/// `--max-memory` is refused before it is built.
+#[cfg(target_os = "linux")]
+#[test]
+fn scale_predictions_stay_within_the_memory_allowance() {
+    let dir = scratch();
+    let (one, two) = tiny_loop_samples(&dir);
+    let run = |targets: &[u64], extra: &[&str]| {
+        let to: Vec<String> = targets.iter().map(u64::to_string).collect();
+        let mut args = vec!["whatif", "--scale", one.as_str(), two.as_str(), "--to"];
+        args.extend(to.iter().map(String::as_str));
+        args.extend_from_slice(extra);
+        peak_resident(&args)
+    };
+    let (single, o) = run(&[100_000], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let many: Vec<u64> = (0..8).map(|i| 100_000 + i).collect();
+    let (eight, o) = run(&many, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).matches("predicted").count(), 8, "{}", stdout(&o));
+    assert!(
+        eight <= single + (32 << 20),
+        "8 targets took {} MiB resident, one took {} MiB",
+        eight >> 20,
+        single >> 20
+    );
+    // a target that would need about 1 GiB, under a 64 MiB allowance
+    let (refused, o) = run(&[2_000_000], &["--max-memory", "64MiB"]);
+    one_line_failure(&o, 1, "--max-memory");
+    assert!(
+        stderr(&o).contains("predicting size 2000000"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(refused < 64 << 20, "{} MiB resident", refused >> 20);
+}

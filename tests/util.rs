@@ -95,7 +95,7 @@ pub fn snapshots_under(dir: &Path) -> Vec<PathBuf> {
             if p.is_dir() {
                 stack.push(p);
             } else if p.to_string_lossy().contains(".pickle")
-                && !p.to_string_lossy().ends_with(".probes.json")
+                && !memsnap::snapshot::probes::is_side_file(&p)
             {
                 out.push(p);
             }

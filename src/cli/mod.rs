@@ -335,6 +335,7 @@ pub fn run(cli: Cli) -> ExitCode {
         max_memory: cli.max_memory,
         max_size: cli.max_size,
     });
+    memsnap::memory::set_allowance(cli.max_memory);
     exit_code(match cli.command {
         Command::Report(args) => report::run(args),
         Command::Timeline(args) => timeline::run(args),
@@ -519,14 +520,8 @@ static CAPS: std::sync::OnceLock<memsnap::memory::Caps> = std::sync::OnceLock::n
 /// it reads; the stages after it (analysis, tables, charts) are checked here at their ends, so
 /// a file can pass the cap by at most one stage's growth before it is refused.
 fn within_memory(file: &Path) -> Result<(), memsnap::Error> {
-    let max = CAPS.get().copied().unwrap_or_default().max_memory;
-    if memsnap::memory::process_bytes() > max {
-        return Err(memsnap::Error::new(
-            file,
-            memsnap::ErrorKind::MemoryLimit(max),
-        ));
-    }
-    Ok(())
+    memsnap::memory::check(0)
+        .map_err(|max| memsnap::Error::new(file, memsnap::ErrorKind::MemoryLimit(max)))
 }
 
 /// Options for loading a snapshot under this run's caps, without a progress bar.

@@ -9,6 +9,7 @@ use memsnap::report::whatif::{
     self, DeviceWhatIf, ScaleReport, ScaleSample, WhatIfOptions, WhatIfReport,
 };
 use memsnap::report::{json, text};
+use memsnap::simulate::scale::ScaleError;
 use memsnap::simulate::{parse_size, AllocConf};
 
 use memsnap::error::UsageError;
@@ -400,12 +401,17 @@ fn run_scale(args: WhatIfArgs) -> Result<(), Failure> {
         })
         .collect();
     let what = what_if_options(&args, &limits, &confs, &analyses[0]);
-    let report = ScaleReport::new(&samples, &args.to, &what).map_err(|e| {
-        Failure::Usage(UsageError::BadValue {
+    let report = ScaleReport::new(&samples, &args.to, &what).map_err(|e| match e {
+        // the memory allowance is a limit of the run, as when a file passes it
+        ScaleError::Memory { .. } => Failure::Error(memsnap::Error::new(
+            &inputs[0].0,
+            memsnap::ErrorKind::Unsupported(e.to_string()),
+        )),
+        e => Failure::Usage(UsageError::BadValue {
             option: "--scale",
             value: args.scale.join(" "),
             reason: e.to_string(),
-        })
+        }),
     })?;
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());

@@ -258,7 +258,6 @@ impl ScaleReport {
             analysis: samples[i].analysis,
         };
         let all: Vec<Sample> = (0..samples.len()).map(of).collect();
-        let (method, scaled) = scale::scale(&all, targets)?;
         let largest = samples[*order.last().expect("one sample")].analysis;
         let (recorded, _) = recorded_conf(largest, options.recorded_conf.as_ref());
         let confs = if options.confs.is_empty() {
@@ -278,60 +277,70 @@ impl ScaleReport {
             let outcome = simulate::simulate(a.snap, &a.replay, &s.program, &base_conf, &o);
             (outcome, o, base_conf)
         };
-        let sizes = scaled
-            .iter()
-            .map(|s| {
-                let base = &samples[s.base];
-                let simulated: Vec<Scenario> = confs
+        // each size predicted, simulated and let go before the next is built
+        let mut sizes = Vec::new();
+        let mut repeated = false;
+        let method = scale::scale(&all, targets, |s| {
+            let base = &samples[s.base];
+            let simulated: Vec<Scenario> = confs
+                .iter()
+                .map(|conf| {
+                    let (mut outcome, o, base_conf) = run(&s, conf, options.cap);
+                    // the per-event series are as long as the predicted stream and nothing
+                    // here draws them: each size holds only its figures
+                    outcome.reserved_after = Vec::new();
+                    outcome.segments = Vec::new();
+                    let min_cap_bytes = options
+                        .min_cap
+                        .then(|| {
+                            let a = base.analysis;
+                            simulate::min_cap(a.snap, &a.replay, &s.program, &base_conf, &o)
+                        })
+                        .flatten();
+                    Scenario {
+                        outcome,
+                        min_cap_bytes,
+                    }
+                })
+                .collect();
+            let growth_per_unit_bytes = (s.size != base.size).then(|| {
+                // the recorded settings without a cap: a row already simulated, or run now
+                let uncapped = simulated
                     .iter()
-                    .map(|conf| {
-                        let (outcome, o, base_conf) = run(s, conf, options.cap);
-                        let min_cap_bytes = options
-                            .min_cap
-                            .then(|| {
-                                let a = base.analysis;
-                                simulate::min_cap(a.snap, &a.replay, &s.program, &base_conf, &o)
-                            })
-                            .flatten();
-                        Scenario {
-                            outcome,
-                            min_cap_bytes,
-                        }
-                    })
-                    .collect();
-                let growth_per_unit_bytes = (s.size != base.size).then(|| {
-                    // the recorded settings without a cap: a row already simulated, or run now
-                    let uncapped = simulated
-                        .iter()
-                        .map(|x| &x.outcome)
-                        .find(|o| o.cap_bytes.is_none() && o.alloc_conf == recorded.to_string())
-                        .map(|o| o.peak_allocated_bytes);
-                    let free =
-                        uncapped.unwrap_or_else(|| run(s, &recorded, None).0.peak_allocated_bytes);
-                    let recorded_peak = base.analysis.replay.peaks.allocated.bytes;
-                    (free as f64 - recorded_peak as f64) / (s.size as f64 - base.size as f64)
-                });
-                SizePrediction {
-                    size: s.size,
-                    base_file: base.file.clone(),
-                    base_size: base.size,
-                    growth_per_unit_bytes,
-                    fits: s.groups.clone(),
-                    repeat: s.repeat.clone(),
-                    simulated,
-                }
-            })
-            .collect();
+                    .map(|x| &x.outcome)
+                    .find(|o| o.cap_bytes.is_none() && o.alloc_conf == recorded.to_string())
+                    .map(|o| o.peak_allocated_bytes);
+                let free =
+                    uncapped.unwrap_or_else(|| run(&s, &recorded, None).0.peak_allocated_bytes);
+                let recorded_peak = base.analysis.replay.peaks.allocated.bytes;
+                (free as f64 - recorded_peak as f64) / (s.size as f64 - base.size as f64)
+            });
+            repeated |= s.repeat.is_some();
+            sizes.push(SizePrediction {
+                size: s.size,
+                base_file: base.file.clone(),
+                base_size: base.size,
+                growth_per_unit_bytes,
+                fits: s.groups,
+                repeat: s.repeat,
+                simulated,
+            });
+            Ok(())
+        })?;
         let check = (method == Method::Fit && samples.len() >= 3)
             .then(|| {
                 let held = *order.last().expect("one sample");
                 let rest: Vec<Sample> = order[..order.len() - 1].iter().map(|&i| of(i)).collect();
-                let (_, scaled) = scale::scale(&rest, &[samples[held].size]).ok()?;
-                let mut s = scaled.into_iter().next()?;
-                s.base = order[s.base]; // an index into `rest`, which is `order` less the last
-                let (base_conf, _) =
-                    recorded_conf(samples[s.base].analysis, options.recorded_conf.as_ref());
-                let out = run(&s, &base_conf, None).0;
+                let mut out = None;
+                scale::scale(&rest, &[samples[held].size], |mut s| {
+                    s.base = order[s.base]; // an index into `rest`, which is `order` less the last
+                    let (base_conf, _) =
+                        recorded_conf(samples[s.base].analysis, options.recorded_conf.as_ref());
+                    out = Some(run(&s, &base_conf, None).0);
+                    Ok(())
+                })
+                .ok()?;
+                let out = out?;
                 let h = &samples[held].analysis.replay.peaks;
                 Some(ScaleCheck {
                     size: samples[held].size,
@@ -363,7 +372,7 @@ impl ScaleReport {
                     .to_string(),
             ),
         }
-        if method == Method::Fit && scaled.iter().any(|s| s.repeat.is_some()) {
+        if method == Method::Fit && repeated {
             assumptions.push(
                 "the request stream grows with the size: the requests the largest snapshot has \
                  and the next one lacks are repeated; sizes that differ without an exact form \

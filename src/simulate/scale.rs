@@ -310,6 +310,21 @@ pub enum ScaleError {
         /// The most allowed.
         most: usize,
     },
+    /// The prediction would take more memory than the process's allowance.
+    #[error(
+        "predicting size {target} needs about {} of memory, past the allowance of {} \
+         (--max-memory raises it): predict a nearer size",
+        crate::units::bytes(*needed),
+        crate::units::bytes(*allowance)
+    )]
+    Memory {
+        /// The size asked for.
+        target: u64,
+        /// What the prediction would hold, at least.
+        needed: u64,
+        /// The allowance.
+        allowance: u64,
+    },
     /// One pipeline rank whose main loop ran too few iterations to repeat one.
     #[error(
         "rank {rank} ran {chunks} micro-batches, which is {iterations} iteration(s) of the \
@@ -683,8 +698,14 @@ fn freed_tokens(program: &Program, reqs: &[Req]) -> Vec<Option<u64>> {
 }
 
 /// The program of the base sample at each size of `targets`, from `samples` (any order, at
-/// least one, distinct sizes).
-pub fn scale(samples: &[Sample], targets: &[u64]) -> Result<(Method, Vec<Scaled>), ScaleError> {
+/// least one, distinct sizes), handed to `each` one size at a time, so that only one predicted
+/// program is held at once; the memory allowance is checked before each is built and as it
+/// grows.
+pub fn scale(
+    samples: &[Sample],
+    targets: &[u64],
+    mut each: impl FnMut(Scaled) -> Result<(), ScaleError>,
+) -> Result<Method, ScaleError> {
     let programs: Vec<Program> = samples
         .iter()
         .map(|s| Program::new(s.analysis.snap, &s.analysis.replay))
@@ -718,7 +739,6 @@ pub fn scale(samples: &[Sample], targets: &[u64]) -> Result<(Method, Vec<Scaled>
         (relative >= GROWING_STREAM).then_some((small, per_unit))
     });
     let growing = growing.flatten();
-    let mut out = Vec::new();
     for &target in targets {
         let base = match (growing, &schedule) {
             (None, Some((w, _))) if target < samples[0].size => {
@@ -874,7 +894,12 @@ pub fn scale(samples: &[Sample], targets: &[u64]) -> Result<(Method, Vec<Scaled>
             u,
             repeat_plan.and_then(|(w, copies, _)| w.map(|w| (w.first, w.end, copies))),
             &to_end,
-        );
+        )
+        .map_err(|(needed, allowance)| ScaleError::Memory {
+            target,
+            needed,
+            allowance,
+        })?;
         let groups = groups(
             &programs[base],
             samples[base].analysis,
@@ -883,7 +908,7 @@ pub fn scale(samples: &[Sample], targets: &[u64]) -> Result<(Method, Vec<Scaled>
             u,
         );
         let added = built.allocations - reqs[base].len();
-        out.push(Scaled {
+        each(Scaled {
             program: built.program,
             size: target,
             base,
@@ -894,9 +919,9 @@ pub fn scale(samples: &[Sample], targets: &[u64]) -> Result<(Method, Vec<Scaled>
                 added_requests: added,
                 unsteady_frees: window.map_or(0, |w| w.unsteady),
             }),
-        });
+        })?;
     }
-    Ok((method, out))
+    Ok(method)
 }
 
 /// Requests alive at the base's allocated peak, by form.
@@ -944,6 +969,9 @@ struct Built {
 /// The base program with each request at its fitted size, and, for a growing stream, the
 /// requests `(first, end, copies)` repeated `copies` times after `end`.
 ///
+/// Refused with `(bytes needed, allowance)` when the new stream would not fit in the memory
+/// allowance: estimated before anything is built, and checked again as it is placed.
+///
 /// Every free is placed anew from the life of its allocation in the base: a request freed by
 /// the loop lives as many ops as it did in the base, so an activation made in a copy is freed
 /// as many iterations later as in the base; a request that `to_end` marks (its life grew with
@@ -956,8 +984,21 @@ fn build(
     u: f64,
     repeat: Option<(usize, usize, usize)>,
     to_end: &[bool],
-) -> Built {
+) -> Result<Built, (u64, u64)> {
     let n_ops = base.ops.len();
+    let slots_wanted = match repeat {
+        Some((s, e, copies)) if e > s && copies > 0 => {
+            let op_end = if e < reqs.len() { reqs[e].op } else { n_ops };
+            n_ops.saturating_add(copies.saturating_mul(op_end - reqs[s].op))
+        }
+        _ => n_ops,
+    };
+    // the slots, the ops placed (half again for frees) and the program made of them
+    let per_slot = std::mem::size_of::<(usize, bool)>()
+        + std::mem::size_of::<(usize, u8, Op)>()
+        + std::mem::size_of::<(usize, Op)>();
+    let needed = (slots_wanted as u64).saturating_mul(per_slot as u64);
+    crate::memory::check(needed).map_err(|max| (needed, max))?;
     let mut req_at_op: Vec<u32> = vec![u32::MAX; n_ops];
     for (i, r) in reqs.iter().enumerate() {
         req_at_op[r.op] = i as u32;
@@ -1001,6 +1042,9 @@ fn build(
     let mut placed: Vec<(usize, u8, Op)> = Vec::with_capacity(slots + slots / 2);
     let mut allocations = 0;
     for (at, &(k, copy)) in seq.iter().enumerate() {
+        if at % (1 << 20) == 0 {
+            crate::memory::check(0).map_err(|max| (needed, max))?;
+        }
         match base.ops[k].1 {
             Op::Alloc {
                 req, stream, pool, ..
@@ -1059,10 +1103,10 @@ fn build(
     for b in &mut program.before {
         b.req = before_id(b.req);
     }
-    Built {
+    Ok(Built {
         program,
         allocations,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -1236,7 +1280,7 @@ mod tests {
             .map(|_| Fit::constant(100, Growth::Constant, true))
             .collect();
         // iteration 2 and 3 (requests 2 and 3) repeated twice, before iteration 4
-        let built = build(&base, &reqs, &fits, 1.0, Some((2, 4, 2)), &[false; 5]);
+        let built = build(&base, &reqs, &fits, 1.0, Some((2, 4, 2)), &[false; 5]).unwrap();
         assert_eq!(built.allocations, 9);
         let p = built.program;
         assert_eq!(p.events, base.ops.len() + 2 * 4);
@@ -1258,7 +1302,9 @@ mod tests {
         assert_eq!(most, 3);
         // the same requests freed after the loop stay live through the copies
         let to_end = [false, false, true, true, false];
-        let q = build(&base, &reqs, &fits, 1.0, Some((2, 4, 2)), &to_end).program;
+        let q = build(&base, &reqs, &fits, 1.0, Some((2, 4, 2)), &to_end)
+            .unwrap()
+            .program;
         let (mut live, mut most) = (0i32, 0);
         for &(_, o) in &q.ops {
             live += match o {

@@ -723,7 +723,9 @@ pub(crate) mod read_whole_tests {
                 let path = entry.path();
                 if path.is_dir() {
                     folders.push(path);
-                } else if path.to_string_lossy().contains(".pickle") {
+                } else if path.to_string_lossy().contains(".pickle")
+                    && !crate::snapshot::probes::is_side_file(&path)
+                {
                     paths.push(path);
                 }
             }
