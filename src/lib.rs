@@ -35,6 +35,7 @@ pub mod analysis;
 pub mod attribute;
 pub mod chart;
 pub mod error;
+pub mod escape;
 pub mod export;
 pub mod memory;
 pub mod output;

@@ -1,6 +1,7 @@
 //! Numbers to text: bytes as GiB/MiB, microseconds as seconds, counts with separators.
-//! The only place where figures become strings; also the text of names and messages made
-//! safe to print on one terminal line ([`printable`], [`one_line`]).
+//! The only place where figures become strings. Names and messages are made safe to print by
+//! [`crate::escape`] ([`printable`] and [`one_line`] are its own, for the stages that format
+//! messages here).
 
 const KIB: f64 = 1024.0;
 const MIB: f64 = 1024.0 * 1024.0;
@@ -90,41 +91,14 @@ pub fn percent(part: u64, whole: u64) -> String {
     format!("{:.1}%", part as f64 * 100.0 / whole as f64)
 }
 
-/// `s` safe to print on a terminal: control characters (newlines, tabs, the escape that starts
-/// an ANSI sequence, C1 codes, bidirectional overrides) written as `\n`, `\t`, `\x1b`,
-/// `\u{202e}`; backslashes stay as they are.
+/// A name or message safe to print on one terminal line: [`crate::escape::printable`], owned.
 pub fn printable(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
-            }
-            c if ('\u{80}'..='\u{9f}').contains(&c)
-                || ('\u{202a}'..='\u{202e}').contains(&c)
-                || ('\u{2066}'..='\u{2069}').contains(&c) =>
-            {
-                out.push_str(&format!("\\u{{{:x}}}", c as u32));
-            }
-            c => out.push(c),
-        }
-    }
-    out
+    crate::escape::printable(s).into_owned()
 }
 
-/// A message on one line: its lines trimmed and joined by spaces (empty ones dropped), then
-/// [`printable`].
+/// A message on one line, its control characters escaped: [`crate::escape::one_line`].
 pub fn one_line(s: &str) -> String {
-    let joined = s
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ");
-    printable(&joined)
+    crate::escape::one_line(s)
 }
 
 #[cfg(test)]
@@ -155,18 +129,5 @@ mod tests {
         assert_eq!(counted(1200, "free"), "1,200 frees");
         assert_eq!(counted(0, "block"), "0 blocks");
         assert_eq!(percent(1, 0), "-");
-    }
-
-    #[test]
-    fn names_and_messages_print_safely_on_one_line() {
-        assert_eq!(
-            printable("a\x1b[31mred\nb\u{9b}c\u{202e}"),
-            "a\\x1b[31mred\\nb\\u{9b}c\\u{202e}"
-        );
-        assert_eq!(printable("plain/päth.pickle"), "plain/päth.pickle");
-        assert_eq!(
-            one_line("TOML parse error\n  |\n1 | a =\n\n  | ^\nexpected a value\n"),
-            "TOML parse error | 1 | a = | ^ expected a value"
-        );
     }
 }

@@ -5,6 +5,7 @@ mod capture;
 mod chart;
 mod compare;
 mod errors;
+mod escaping;
 mod export;
 mod flamegraph;
 mod formats;

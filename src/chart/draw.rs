@@ -77,6 +77,31 @@ fn drawing<E: std::error::Error + Send + Sync>(e: DrawingAreaErrorKind<E>) -> Ch
     ChartError::Draw(e.to_string())
 }
 
+/// Draws an SVG in memory and writes it to `out` as XML 1.0 can hold it: a character of a
+/// name that XML cannot hold (a control character, U+FFFE) is written as U+FFFD
+/// ([`crate::escape::Stream::xml`]).
+fn svg<T>(
+    out: &Path,
+    size: (u32, u32),
+    draw: impl FnOnce(&DrawingArea<SVGBackend, Shift>) -> Result<T, ChartError>,
+) -> Result<T, ChartError> {
+    use std::io::Write;
+    let mut text = String::new();
+    let drawn = {
+        let root = SVGBackend::with_string(&mut text, size).into_drawing_area();
+        let drawn = draw(&root)?;
+        root.present().map_err(drawing)?;
+        drawn
+    };
+    let written = std::fs::File::create(out).and_then(|file| {
+        let mut w = crate::escape::Stream::xml(std::io::BufWriter::new(file));
+        w.write_all(text.as_bytes())?;
+        w.into_inner()?.flush()
+    });
+    written.map_err(|e| ChartError::Draw(crate::error::io_text(&e)))?;
+    Ok(drawn)
+}
+
 fn register_font() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
@@ -164,12 +189,7 @@ pub(super) fn render(
             root.present().map_err(drawing)?;
             Ok(info)
         }
-        Format::Svg => {
-            let root = SVGBackend::new(out, size).into_drawing_area();
-            let info = single(&root, &p, options)?;
-            root.present().map_err(drawing)?;
-            Ok(info)
-        }
+        Format::Svg => svg(out, size, |root| single(root, &p, options)),
     }
 }
 
@@ -197,11 +217,9 @@ pub fn render_panels(
             draw_on(&root, panels, options, title, many)?;
             root.present().map_err(drawing)
         }
-        Format::Svg => {
-            let root = SVGBackend::new(out, size).into_drawing_area();
-            draw_on(&root, panels, options, title, many)?;
-            root.present().map_err(drawing)
-        }
+        Format::Svg => svg(out, size, |root| {
+            draw_on(root, panels, options, title, many)
+        }),
     }
 }
 
@@ -951,11 +969,7 @@ pub(super) fn histogram(
             histogram_on(&root, peaks, title)?;
             root.present().map_err(drawing)
         }
-        Format::Svg => {
-            let root = SVGBackend::new(out, size).into_drawing_area();
-            histogram_on(&root, peaks, title)?;
-            root.present().map_err(drawing)
-        }
+        Format::Svg => svg(out, size, |root| histogram_on(root, peaks, title)),
     }
 }
 

@@ -159,7 +159,8 @@ pub fn write_folded(out: &mut dyn Write, lines: &[(String, u64)]) -> std::io::Re
     Ok(())
 }
 
-/// Draws the folded stacks as an SVG flamegraph.
+/// Draws the folded stacks as an SVG flamegraph, written as XML 1.0 can hold it (a control
+/// character of a name as U+FFFD, [`crate::escape::Stream::xml`]).
 pub fn write_svg(
     out: &mut dyn Write,
     lines: &[(String, u64)],
@@ -170,8 +171,12 @@ pub fn write_svg(
     options.title = title.to_string();
     options.count_name = "bytes".to_string();
     options.name_type = "Frame:".to_string();
-    inferno::flamegraph::from_lines(&mut options, text.iter().map(String::as_str), out)
-        .map_err(|e| super::ChartError::Draw(e.to_string()))
+    let mut xml = crate::escape::Stream::xml(out);
+    inferno::flamegraph::from_lines(&mut options, text.iter().map(String::as_str), &mut xml)
+        .map_err(|e| super::ChartError::Draw(e.to_string()))?;
+    xml.into_inner()
+        .map(drop)
+        .map_err(|e| super::ChartError::Draw(crate::error::io_text(&e)))
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! `memsnap compare A B` and `memsnap compare DIR | FILES...`
 
-use std::io::{self, BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
@@ -311,8 +311,7 @@ pub fn run(args: CompareArgs) -> Result<(), Failure> {
     let pair_mode = files.len() == 2 && !any_dir;
     let mut tally = Tally::default();
     let (mut loaded, failures) = load_all(&files, &options, chart_options.as_ref(), &mut tally);
-    let stdout = io::stdout();
-    let mut out = BufWriter::new(stdout.lock());
+    let mut out = super::stdout(args.json);
     let panels = if pair_mode {
         if !tally.all_ok() {
             return tally.finish();

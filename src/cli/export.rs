@@ -91,7 +91,7 @@ pub fn run(args: ExportArgs) -> Result<(), Failure> {
     for table in &all {
         super::check_output(&path_of(table), Naming::Chosen)?;
     }
-    let mut stdout = io::stdout().lock();
+    let mut stdout = super::stdout(args.json);
     for table in all {
         let path = path_of(&table);
         let pending = super::create_output(&path, Naming::Chosen)?;
@@ -105,7 +105,7 @@ pub fn run(args: ExportArgs) -> Result<(), Failure> {
             writeln!(
                 stdout,
                 "wrote {} ({}, {})",
-                path.display(),
+                super::shown(&path),
                 units::counted(table.rows() as u64, "row"),
                 units::counted(table.columns.len() as u64, "column")
             )?;

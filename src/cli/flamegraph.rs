@@ -1,6 +1,6 @@
 //! `memsnap flamegraph FILE`: the memory live at one moment as a flamegraph.
 
-use std::io::{self, BufWriter, Write};
+use std::io::Write;
 use std::path::PathBuf;
 
 use memsnap::chart::flamegraph::{self, Moment, Root};
@@ -91,8 +91,7 @@ pub fn run(args: FlamegraphArgs) -> Result<(), Failure> {
     };
     let lines = flamegraph::folded(&a, at, root);
     if args.folded {
-        let stdout = io::stdout();
-        let mut out = BufWriter::new(stdout.lock());
+        let mut out = super::stdout(false);
         flamegraph::write_folded(&mut out, &lines)?;
         out.flush()?;
         return Ok(());

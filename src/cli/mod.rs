@@ -554,6 +554,21 @@ fn parse_size_arg(text: &str) -> Result<u64, String> {
     })
 }
 
+/// Standard output, buffered and escaped for what is written to it ([`memsnap::escape`]): JSON
+/// when `json`, else terminal text. Every command writes its stdout through here, so that no
+/// control character of a snapshot's strings reaches the terminal whatever view printed it.
+fn stdout(json: bool) -> Stdout {
+    let out = io::BufWriter::new(io::stdout().lock());
+    if json {
+        memsnap::escape::Stream::json(out)
+    } else {
+        memsnap::escape::Stream::terminal(out)
+    }
+}
+
+/// What [`stdout`] gives.
+type Stdout = memsnap::escape::Stream<io::BufWriter<io::StdoutLock<'static>>>;
+
 /// A path as notes print it: control characters escaped.
 fn shown(path: &Path) -> String {
     memsnap::units::printable(&path.display().to_string())

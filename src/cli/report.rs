@@ -1,6 +1,6 @@
 //! `memsnap report FILE...`
 
-use std::io::{self, BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use memsnap::analysis::{self, DeviceAnalysis, Dimension};
@@ -52,8 +52,7 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
         top: args.top,
         markdown: args.markdown,
     };
-    let stdout = io::stdout();
-    let mut out = BufWriter::new(stdout.lock());
+    let mut out = super::stdout(args.json);
     let mut tally = Tally::default();
     for (k, path) in args.files.iter().enumerate() {
         let snap = match load(path) {

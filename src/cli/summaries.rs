@@ -1,7 +1,7 @@
 //! `memsnap compare summaries/*.jsonl`: many ranks compared from the JSON that
 //! `memsnap report --json` wrote where the snapshots live, without reading a pickle.
 
-use std::io::{self, BufRead, BufWriter, Write};
+use std::io::{self, BufRead, Write};
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
@@ -53,8 +53,7 @@ pub fn run(files: &[PathBuf], args: &Shown) -> Result<(), Failure> {
         }
     }
     let ranks = Ranks::new(profiles, failures);
-    let stdout = io::stdout();
-    let mut out = BufWriter::new(stdout.lock());
+    let mut out = super::stdout(args.json);
     if args.json {
         json::write_ranks(&mut out, &ranks)?;
     } else {

@@ -125,7 +125,9 @@ pub fn run(args: TrimArgs) -> Result<(), Failure> {
             "bytes_after": after,
             "trimmed": summary,
         });
-        writeln!(io::stdout(), "{value}")?;
+        let mut out = super::stdout(true);
+        writeln!(out, "{value}")?;
+        out.flush()?;
     } else {
         let sizes = (before, after, compress);
         print_summary(&args, device, (from, to), replay.len(), &summary, sizes)?;
@@ -149,11 +151,11 @@ fn print_summary(
     summary: &trim::Trimmed,
     (before, after, compress): (u64, u64, bool),
 ) -> io::Result<()> {
-    let mut out = io::stdout().lock();
+    let mut out = super::stdout(false);
     writeln!(
         out,
         "wrote {}: events #{} to #{} of device {device} ({} of {}), {}, {} live at the window's end",
-        args.output.display(),
+        super::shown(&args.output),
         units::count(from as u64),
         units::count(to.saturating_sub(1) as u64),
         units::counted(summary.events as u64, "event"),
@@ -181,7 +183,7 @@ fn print_summary(
             summary.events as f64 * 100.0 / trace_events.max(1) as f64
         )?;
     }
-    Ok(())
+    out.flush()
 }
 
 /// The window as `from..to` event indices, or why it is empty or outside the trace.

@@ -1,6 +1,6 @@
 //! `memsnap whatif FILE` and `memsnap oom FILE`: the allocator simulated under other settings.
 
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use memsnap::analysis::{self, DeviceAnalysis};
@@ -221,11 +221,11 @@ fn devices<'s>(
 /// gets its one error line and the others go on.
 fn each_file<R>(
     files: &[PathBuf],
+    json: bool,
     build: impl Fn(&Path, &memsnap::snapshot::Snapshot) -> Result<R, memsnap::Error>,
     write: impl Fn(&mut dyn Write, &R) -> io::Result<()>,
 ) -> Result<(), Failure> {
-    let stdout = io::stdout();
-    let mut out = BufWriter::new(stdout.lock());
+    let mut out = super::stdout(json);
     let mut tally = Tally::default();
     for path in files {
         match load(path).and_then(|snap| build(path, &snap)) {
@@ -257,7 +257,7 @@ pub fn run_whatif(args: WhatIfArgs) -> Result<(), Failure> {
     };
     let json_out = args.limits.json;
     let markdown = args.markdown;
-    each_file(&args.files, build, |out, r| {
+    each_file(&args.files, json_out, build, |out, r| {
         if json_out {
             json::write_whatif(out, r)
         } else {
@@ -413,8 +413,7 @@ fn run_scale(args: WhatIfArgs) -> Result<(), Failure> {
             reason: e.to_string(),
         }),
     })?;
-    let stdout = io::stdout();
-    let mut out = BufWriter::new(stdout.lock());
+    let mut out = super::stdout(args.limits.json);
     if args.limits.json {
         json::write_scale(&mut out, &report)?;
     } else {
@@ -450,7 +449,7 @@ pub fn run_oom(args: OomArgs) -> Result<(), Failure> {
         })
     };
     let json_out = args.limits.json;
-    each_file(&args.files, build, |out, r| {
+    each_file(&args.files, json_out, build, |out, r| {
         if json_out {
             json::write_oom(out, r)
         } else {

@@ -24,8 +24,8 @@ use crate::output::OutputError;
 #[derive(Debug, thiserror::Error)]
 #[error(
     "{}: {}",
-    crate::units::printable(&file.display().to_string()),
-    crate::units::one_line(&kind.to_string())
+    crate::escape::printable(&file.display().to_string()),
+    crate::escape::one_line(&kind.to_string())
 )]
 pub struct Error {
     /// The file concerned.

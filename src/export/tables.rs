@@ -317,16 +317,17 @@ pub fn peak(a: &DeviceAnalysis) -> Table {
     }
 }
 
-/// Writes a table as JSON lines, one object per row.
+/// Writes a table as JSON lines, one object per row, escaped as [`crate::escape`] says JSON is.
 pub fn write_jsonl(out: &mut dyn Write, table: &Table) -> io::Result<()> {
+    let mut out = crate::escape::Stream::json(out);
     for i in 0..table.rows() {
         let row: serde_json::Map<String, serde_json::Value> = table
             .columns
             .iter()
             .map(|(name, v)| (name.to_string(), v.json(i)))
             .collect();
-        serde_json::to_writer(&mut *out, &row)?;
+        serde_json::to_writer(&mut out, &row)?;
         writeln!(out)?;
     }
-    Ok(())
+    out.into_inner().map(drop)
 }

@@ -938,9 +938,11 @@ pub fn names(files: &[&str]) -> Vec<(String, Option<u32>)> {
 }
 
 /// The page's JSON, safe inside a `<script>` element: `<` is written as `\u003c`, so no
-/// string from the snapshot can close the element or open a comment.
+/// string from the snapshot can close the element or open a comment; control characters are
+/// escaped as all of memsnap's JSON is ([`crate::escape::json`]).
 pub fn data_json(page: &Page) -> serde_json::Result<String> {
-    Ok(serde_json::to_string(page)?.replace('<', "\\u003c"))
+    let json = serde_json::to_string(page)?;
+    Ok(crate::escape::json(&json).replace('<', "\\u003c"))
 }
 
 /// Writes the page.

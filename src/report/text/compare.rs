@@ -65,20 +65,18 @@ fn write_diffs(
 pub fn write_pair(out: &mut Out, pair: &Pair, top: usize) -> io::Result<()> {
     if out.markdown {
         let d = pair.peak_allocated_diff_bytes;
+        let (a, b) = (out.text(&pair.a.name), out.text(&pair.b.name));
         if d == 0 {
             writeln!(
                 out,
-                "- **{}** and **{}** peak at the same allocated bytes",
-                pair.a.name, pair.b.name
+                "- **{a}** and **{b}** peak at the same allocated bytes"
             )?;
         } else {
             writeln!(
                 out,
-                "- **{}** peaks {} {} than **{}**",
-                pair.b.name,
+                "- **{b}** peaks {} {} than **{a}**",
                 units::bytes(d.unsigned_abs()),
                 if d > 0 { "higher" } else { "lower" },
-                pair.a.name
             )?;
         }
     }
@@ -102,6 +100,7 @@ pub fn write_pair(out: &mut Out, pair: &Pair, top: usize) -> io::Result<()> {
         if out.markdown {
             out.prose(&line)?;
         } else {
+            let line = out.text(&line);
             writeln!(out, "{line}")?;
         }
     }

@@ -6,11 +6,11 @@ pub mod whatif;
 
 use std::io::{self, Write};
 
-use comfy_table::{CellAlignment, ContentArrangement, LineStyle, Table, TableStyle};
+use comfy_table::{CellAlignment, ContentArrangement, LineStyle, Row, Table, TableStyle};
 
 use super::{DeviceReport, FileReport};
 use crate::analysis::{Dimension, Share};
-use crate::units;
+use crate::{escape, units};
 
 /// What the text shows (the data holds more).
 #[derive(Clone, Debug)]
@@ -48,9 +48,23 @@ impl<'a> Out<'a> {
         Out { w, markdown }
     }
 
+    /// `s` as this form shows a name: on one line, its control characters escaped
+    /// ([`escape::printable`]), and in Markdown its `|`, backticks and `<` too
+    /// ([`escape::markdown`]). Every string of the snapshot or the command line that a view
+    /// writes outside a table or [`Out::prose`] passes through here.
+    pub fn text(&self, s: &str) -> String {
+        if self.markdown {
+            escape::markdown(s).into_owned()
+        } else {
+            escape::printable(s).into_owned()
+        }
+    }
+
     /// A line of prose between a view's tables: indented in text; in Markdown a list item,
-    /// since lines in a row would otherwise run together into one paragraph.
+    /// since lines in a row would otherwise run together into one paragraph. The line is
+    /// escaped as [`Out::text`] escapes a name.
     pub fn prose(&mut self, text: &str) -> io::Result<()> {
+        let text = self.text(text);
         if self.markdown {
             writeln!(self.w, "- {text}")
         } else {
@@ -59,7 +73,10 @@ impl<'a> Out<'a> {
     }
 
     /// A rendered table: every line indented by `by` in text; a Markdown table otherwise.
+    /// Every cell is escaped as [`Out::text`] escapes a name, so that no name can end a row or
+    /// a cell.
     pub fn table(&self, t: &Table, by: &str) -> String {
+        let t = &self.escaped(t);
         if self.markdown {
             let mut md = t.clone();
             md.load_style(comfy_table::presets::ASCII_MARKDOWN);
@@ -75,6 +92,29 @@ impl<'a> Out<'a> {
             .map(|l| format!("{by}{}", l.trim_end()))
             .collect::<Vec<_>>()
             .join("\n")
+    }
+}
+
+impl Out<'_> {
+    /// `t` with every cell and header escaped for this form.
+    fn escaped(&self, t: &Table) -> Table {
+        let row = |r: &Row| {
+            Row::from(
+                r.cell_iter()
+                    .map(|c| self.text(&c.content()))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let mut out = t.clone();
+        if let Some(h) = t.header() {
+            out.set_header(row(h));
+        }
+        for (i, r) in t.row_iter().enumerate() {
+            if let Some(slot) = out.row_mut(i) {
+                *slot = row(r);
+            }
+        }
+        out
     }
 }
 
@@ -137,7 +177,8 @@ pub fn write(out: &mut dyn Write, report: &FileReport, options: &TextOptions) ->
 
 fn write_file(out: &mut Out, report: &FileReport, options: &TextOptions) -> io::Result<()> {
     if report.devices.is_empty() {
-        writeln!(out, "{}: no devices with events or segments", report.file)?;
+        let file = out.text(&report.file);
+        writeln!(out, "{file}: no devices with events or segments")?;
     }
     for d in &report.devices {
         write_device(out, report, d, options)?;
@@ -175,7 +216,7 @@ fn probe_lines(report: &FileReport, device: u32) -> Vec<String> {
     let mut parts = vec![format!(
         "{} at \"{}\"",
         units::bytes(first.outside_bytes),
-        units::printable(&first.name)
+        first.name
     )];
     let mut last = first.outside_bytes;
     for p in &probes[1..] {
@@ -184,11 +225,7 @@ fn probe_lines(report: &FileReport, device: u32) -> Vec<String> {
         } else {
             ("-", last - p.outside_bytes)
         };
-        parts.push(format!(
-            "{sign}{} at \"{}\"",
-            units::bytes(delta),
-            units::printable(&p.name)
-        ));
+        parts.push(format!("{sign}{} at \"{}\"", units::bytes(delta), p.name));
         last = p.outside_bytes;
     }
     let end = probes.last().expect("one probe");
@@ -198,7 +235,7 @@ fn probe_lines(report: &FileReport, device: u32) -> Vec<String> {
     }
     lines.push(format!(
         "at \"{}\": device used {} of {}, PyTorch reserved {}, outside PyTorch {}",
-        units::printable(&end.name),
+        end.name,
         units::bytes(end.device_used_bytes),
         units::bytes(end.device_total_bytes),
         units::bytes(end.reserved_bytes),
@@ -287,12 +324,8 @@ fn write_device(
     if out.markdown {
         return write_markdown_device(out, report, d, options);
     }
-    writeln!(
-        out,
-        "{} · {}",
-        report.file,
-        crate::snapshot::device_name(d.device)
-    )?;
+    let file = out.text(&report.file);
+    writeln!(out, "{file} · {}", crate::snapshot::device_name(d.device))?;
     let mut status = status_line(d);
     if let Some(conf) = report
         .allocator_settings
@@ -302,9 +335,11 @@ fn write_device(
         status.push(format!("allocator: {conf}"));
     }
     for line in wrap_parts(&status, 116) {
+        let line = out.text(&line);
         writeln!(out, "  {line}")?;
     }
     for line in probe_lines(report, d.device) {
+        let line = out.text(&line);
         writeln!(out, "  {line}")?;
     }
     writeln!(out)?;
@@ -450,7 +485,8 @@ fn write_attribution(out: &mut Out, d: &DeviceReport, options: &TextOptions) -> 
     if d.peak.is_before_trace() {
         writeln!(out, "  the peak was reached before the trace started")?;
     } else {
-        writeln!(out, "  the peak was reached in {}", place.join(" · "))?;
+        let place = out.text(&place.join(" · "));
+        writeln!(out, "  the peak was reached in {place}")?;
     }
     if d.attribution.pipeline.is_none() {
         let s = &d.attribution.phase_sources;
@@ -501,8 +537,10 @@ fn write_attribution(out: &mut Out, d: &DeviceReport, options: &TextOptions) -> 
         let cut = info.cut_in.map_or(String::new(), |s| {
             format!("; cut short in step {s} by the out-of-memory error")
         });
+        let from = out.text(&from);
         writeln!(out, "  DualPipeV steps {from}{shape}{cut}")?;
         if let Some(note) = &info.note {
+            let note = out.text(note);
             writeln!(out, "  note: {note}")?;
         }
     }
@@ -586,15 +624,15 @@ fn write_markdown_device(
 ) -> io::Result<()> {
     writeln!(
         out,
-        "### `{}` · {}",
-        report.file,
+        "### {} · {}",
+        escape::code_span(&report.file),
         crate::snapshot::device_name(d.device)
     )?;
     writeln!(out)?;
     let place = if d.peak.is_before_trace() {
         "before the trace started".to_string()
     } else {
-        format!("in {}", d.peak.summary())
+        format!("in {}", out.text(&d.peak.summary()))
     };
     writeln!(
         out,
@@ -610,21 +648,24 @@ fn write_markdown_device(
         units::bytes(d.end_reserved_bytes)
     )?;
     for line in probe_lines(report, d.device) {
+        let line = out.text(&line);
         writeln!(out, "- {line}")?;
     }
     if let Some(top) = d.peak_breakdown.get("category").and_then(|c| c.first()) {
         writeln!(
             out,
             "- mostly {}: {} ({})",
-            top.label,
+            out.text(&top.label),
             units::bytes(top.bytes),
             units::percent(top.bytes, d.peak_allocated_bytes)
         )?;
     }
     if let Some(e) = &d.oom_explanation {
-        writeln!(out, "- **out of memory**: {}", e.explanation)?;
+        let why = out.text(&e.explanation);
+        writeln!(out, "- **out of memory**: {why}")?;
     }
-    writeln!(out, "- {}", status_line(d).join(" · "))?;
+    let status = out.text(&status_line(d).join(" · "));
+    writeln!(out, "- {status}")?;
     write_attribution(out, d, options)?;
     writeln!(out)
 }

@@ -18,7 +18,7 @@ pub fn write_whatif(out: &mut dyn Write, r: &WhatIfReport, markdown: bool) -> io
         writeln!(
             out,
             "{}: no device has trace events to simulate (memory history was not recorded)",
-            r.file
+            out.text(&r.file)
         )?;
     }
     for d in &r.devices {
@@ -28,6 +28,7 @@ pub fn write_whatif(out: &mut dyn Write, r: &WhatIfReport, markdown: bool) -> io
 }
 
 fn write_device(out: &mut Out, file: &str, d: &DeviceWhatIf) -> io::Result<()> {
+    let file = out.text(file);
     writeln!(out, "{file} · {}", crate::snapshot::device_name(d.device))?;
     let from = match d.recorded.settings_from {
         "snapshot" => "as the snapshot's allocator_settings say",
@@ -37,7 +38,7 @@ fn write_device(out: &mut Out, file: &str, d: &DeviceWhatIf) -> io::Result<()> {
     writeln!(
         out,
         "  recorded with {} ({from}); {}",
-        d.recorded.alloc_conf,
+        out.text(&d.recorded.alloc_conf),
         units::counted(d.events as u64, "event")
     )?;
     writeln!(out, "  {}", self_check_line(&d.self_check))?;
@@ -79,7 +80,8 @@ fn write_device(out: &mut Out, file: &str, d: &DeviceWhatIf) -> io::Result<()> {
     }
     for s in &d.simulated {
         if let Some(o) = &s.outcome.oom {
-            writeln!(out, "  {}: {}", s.outcome.alloc_conf, failure_text(o))?;
+            let conf = out.text(&s.outcome.alloc_conf);
+            writeln!(out, "  {conf}: {}", failure_text(o))?;
         }
     }
     writeln!(out)
@@ -209,14 +211,14 @@ pub fn write_oom(out: &mut dyn Write, r: &OomReport, options: &TextOptions) -> i
         writeln!(
             out,
             "{}: no device has trace events (memory history was not recorded), so no failure to explain",
-            r.file
+            out.text(&r.file)
         )?;
     }
     for DeviceOom { device, oom } in &r.devices {
         writeln!(
             out,
             "{} · {}",
-            r.file,
+            out.text(&r.file),
             crate::snapshot::device_name(*device)
         )?;
         match oom {
@@ -287,7 +289,8 @@ pub fn write_explanation(
         facts.push(format!("outside PyTorch {}", units::bytes(n)));
     }
     writeln!(out, "  {}", facts.join(" · "))?;
-    writeln!(out, "  verdict: {}", e.explanation)?;
+    let verdict = out.text(&e.explanation);
+    writeln!(out, "  verdict: {verdict}")?;
     if let Some(short) = e.short_by_bytes.filter(|&s| s > 0) {
         writeln!(out, "  short by {}", units::bytes(short))?;
     }
@@ -331,7 +334,8 @@ pub fn write_explanation(
     writeln!(out, "{}", out.table(&t, "  "))?;
     for s in &e.whatif {
         if let Some(o) = &s.outcome.oom {
-            writeln!(out, "  {}: {}", s.outcome.alloc_conf, failure_text(o))?;
+            let conf = out.text(&s.outcome.alloc_conf);
+            writeln!(out, "  {conf}: {}", failure_text(o))?;
         }
     }
     if e.cap_inferred {
@@ -369,7 +373,8 @@ pub fn write_scale(out: &mut dyn Write, r: &ScaleReport, markdown: bool) -> io::
         "{} of one program · device {device} · {what}",
         units::counted(r.inputs.len() as u64, "snapshot")
     )?;
-    writeln!(out, "  recorded with {}", r.recorded_alloc_conf)?;
+    let conf = out.text(&r.recorded_alloc_conf);
+    writeln!(out, "  recorded with {conf}")?;
     let with_min_cap = r
         .sizes
         .iter()
