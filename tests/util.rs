@@ -144,3 +144,138 @@ pub fn snapshot_pickle(
     );
     serde_pickle::value_to_vec(&V::Dict(snap), Default::default()).expect("pickle")
 }
+
+/// Raw pickle bytes (protocol 4), for inputs serde-pickle cannot shape: objects shared
+/// through the memo, as a recording that reuses one frame or one stack writes them.
+pub mod raw {
+    /// `\x80\x04`.
+    pub const START: &[u8] = b"\x80\x04";
+
+    /// A string.
+    pub fn text(s: &str) -> Vec<u8> {
+        let mut v = if s.len() < 256 {
+            vec![0x8c, s.len() as u8]
+        } else {
+            let mut v = vec![b'X'];
+            v.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            v
+        };
+        v.extend_from_slice(s.as_bytes());
+        v
+    }
+
+    /// An integer (`LONG1`, eight bytes).
+    pub fn int(i: i64) -> Vec<u8> {
+        let mut v = vec![0x8a, 8];
+        v.extend_from_slice(&i.to_le_bytes());
+        v
+    }
+
+    /// `LONG_BINPUT i`: remembers the top of the stack.
+    pub fn put(i: u32) -> Vec<u8> {
+        let mut v = vec![b'r'];
+        v.extend_from_slice(&i.to_le_bytes());
+        v
+    }
+
+    /// `LONG_BINGET i`: pushes what was remembered.
+    pub fn get(i: u32) -> Vec<u8> {
+        let mut v = vec![b'j'];
+        v.extend_from_slice(&i.to_le_bytes());
+        v
+    }
+
+    /// A dict of these keys and (already encoded) values.
+    pub fn dict(items: &[(&str, Vec<u8>)]) -> Vec<u8> {
+        let mut v = b"}(".to_vec();
+        for (k, x) in items {
+            v.extend(text(k));
+            v.extend_from_slice(x);
+        }
+        v.push(b'u');
+        v
+    }
+
+    /// A list of (already encoded) items.
+    pub fn list<I: IntoIterator<Item = Vec<u8>>>(items: I) -> Vec<u8> {
+        let mut v = b"](".to_vec();
+        for x in items {
+            v.extend(x);
+        }
+        v.push(b'e');
+        v
+    }
+}
+
+/// A snapshot of `allocations` allocations of 512 bytes on device 0, each freed after the
+/// next one starts, every event with one stack of `depth` frames: the frames are `frames` in
+/// turn, `(name, file, line)`, each written once and then taken from the memo, and the stack
+/// is written once and shared by every event, so the file is small whatever the depth.
+pub fn shared_stack_pickle(
+    frames: &[(String, String, i64)],
+    depth: usize,
+    allocations: usize,
+) -> Vec<u8> {
+    use raw::*;
+    let mut p = START.to_vec();
+    let mut stack = b"](".to_vec();
+    for k in 0..depth {
+        let slot = (k % frames.len()) as u32;
+        if k < frames.len() {
+            let (name, file, line) = &frames[k];
+            stack.extend(dict(&[
+                ("filename", text(file)),
+                ("line", int(*line)),
+                ("name", text(name)),
+            ]));
+            stack.extend(put(slot));
+        } else {
+            stack.extend(get(slot));
+        }
+    }
+    stack.push(b'e');
+    let stack_slot = frames.len() as u32;
+    stack.extend(put(stack_slot));
+    let base = 1i64 << 40;
+    let t = 1_700_000_000_000_000i64;
+    let entry = |action: &str, addr: i64, size: i64, time: i64, frames: Vec<u8>| {
+        dict(&[
+            ("action", text(action)),
+            ("addr", int(addr)),
+            ("size", int(size)),
+            ("stream", int(0)),
+            ("time_us", int(time)),
+            ("frames", frames),
+        ])
+    };
+    let mut trace = vec![entry("segment_alloc", base, 1 << 30, t, list([]))];
+    let mut first = Some(stack);
+    let mut frames_of = || first.take().unwrap_or_else(|| get(stack_slot));
+    for k in 0..allocations as i64 {
+        let addr = base + (k % 2) * 512;
+        trace.push(entry("alloc", addr, 512, t + 2 * k + 1, frames_of()));
+        if k > 0 {
+            let prev = base + ((k - 1) % 2) * 512;
+            trace.push(entry(
+                "free_requested",
+                prev,
+                512,
+                t + 2 * k + 2,
+                frames_of(),
+            ));
+            trace.push(entry(
+                "free_completed",
+                prev,
+                512,
+                t + 2 * k + 2,
+                frames_of(),
+            ));
+        }
+    }
+    p.extend(dict(&[
+        ("segments", list([])),
+        ("device_traces", list([list(trace)])),
+    ]));
+    p.push(b'.');
+    p
+}

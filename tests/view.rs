@@ -491,3 +491,216 @@ fn hostile_names_stay_text() {
         .unwrap()
         .contains("evil<script>.pickle"));
 }
+
+/// A snapshot of `allocations` allocations, each from its own line of a function called
+/// `name`: the name is written once and shared through the memo, as Python's pickler shares
+/// one string object.
+fn one_name_from_many_lines(name: &str, allocations: i64) -> Vec<u8> {
+    use crate::util::raw::*;
+    let base = 1i64 << 40;
+    let t = 1_700_000_000_000_000i64;
+    let mut entries = vec![dict(&[
+        ("action", text("segment_alloc")),
+        ("addr", int(base)),
+        ("size", int(1 << 30)),
+        ("stream", int(0)),
+        ("time_us", int(t)),
+        ("frames", list([])),
+    ])];
+    for k in 0..allocations {
+        let mut name_bytes = if k == 0 {
+            [text(name), put(0)].concat()
+        } else {
+            get(0)
+        };
+        let frame = dict(&[
+            ("filename", text("/x/model.py")),
+            ("line", int(k + 1)),
+            ("name", std::mem::take(&mut name_bytes)),
+        ]);
+        let caller = dict(&[
+            ("filename", text("/x/train.py")),
+            ("line", int(100 + k)),
+            ("name", text("main")),
+        ]);
+        entries.push(dict(&[
+            ("action", text("alloc")),
+            ("addr", int(base + (k << 20))),
+            ("size", int(1 << 20)),
+            ("stream", int(0)),
+            ("time_us", int(t + k + 1)),
+            ("frames", list([frame, caller])),
+        ]));
+    }
+    let mut p = START.to_vec();
+    p.extend(dict(&[
+        ("segments", list([])),
+        ("device_traces", list([list(entries)])),
+    ]));
+    p.push(b'.');
+    p
+}
+
+/// The page's data element, parsed.
+fn page_data(html: &str) -> Value {
+    let (_, rest) = html
+        .split_once("id=\"memsnap-data\">")
+        .expect("the data element");
+    let (json, _) = rest.split_once("</script>").expect("its end");
+    serde_json::from_str(json).expect("the data is JSON")
+}
+
+/// Names of any length keep the page within a few megabytes: each string once in its table,
+/// a long name shortened with its length said, a deep stack cut with its frames counted.
+/// (Before: a 10 MB name gave a 110 MB page, a 256 KiB name from 64 lines 64 MB.)
+#[test]
+fn hostile_names_and_stacks_keep_the_page_small() {
+    let dir = scratch();
+    let huge = "f".repeat(10_485_760);
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "huge_name",
+            shared_stack_pickle(
+                &[
+                    (huge.clone(), "/x/model.py".into(), 1),
+                    ("main".into(), "/x/train.py".into(), 2),
+                ],
+                2,
+                64,
+            ),
+        ),
+        (
+            "long_name_many_lines",
+            one_name_from_many_lines(&"g".repeat(256 << 10), 64),
+        ),
+        (
+            "deep_stack",
+            shared_stack_pickle(
+                &(0..1000)
+                    .map(|k| (format!("f{k}"), "/x/deep.py".to_string(), k))
+                    .collect::<Vec<_>>(),
+                1_000_000,
+                64,
+            ),
+        ),
+    ];
+    let mut pages = Vec::new();
+    for (what, bytes) in cases {
+        let file = write(&dir, &format!("{what}.pickle"), &bytes);
+        let page = dir.path().join(format!("{what}.html"));
+        view(&[&file], &page);
+        pages.push(page.clone());
+        let html = std::fs::read_to_string(&page).unwrap();
+        eprintln!(
+            "{what}: {} byte snapshot, {} byte page",
+            bytes.len(),
+            html.len()
+        );
+        assert!(
+            html.len() <= 4 << 20,
+            "{what}: a page of {} bytes",
+            html.len()
+        );
+        let data = page_data(&html);
+        let strings: Vec<&str> = data["strings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap())
+            .collect();
+        let distinct: std::collections::BTreeSet<&&str> = strings.iter().collect();
+        assert_eq!(distinct.len(), strings.len(), "{what}: each string once");
+        match what {
+            "huge_name" => assert!(
+                strings.iter().any(|s| s.contains("… (10,485,7")),
+                "{what}: the name's length is said"
+            ),
+            "long_name_many_lines" => {
+                // the 64 lines stay apart: each site keeps its end
+                let sites = strings.iter().filter(|s| s.contains("… (262,1")).count();
+                assert!(sites >= 64, "{what}: {sites} shortened names");
+            }
+            _ => {
+                let stacks = data["panels"][0]["stacks"].as_array().unwrap();
+                assert!(
+                    stacks.iter().any(|s| s["cut"].as_u64() > Some(900_000)),
+                    "{what}: the frames left out are counted"
+                );
+            }
+        }
+    }
+    // each page opens, draws and shows its figures in a browser, without an error
+    if let Some(script) = browser() {
+        let jobs: Vec<Job> = pages
+            .into_iter()
+            .map(|page| Job {
+                page,
+                out: None,
+                interact: true,
+                ranks: false,
+            })
+            .collect();
+        for r in check(&script, dir.path(), &jobs) {
+            clean(&r);
+            assert!(r["shown"]["peakAllocated"].as_u64() > Some(0), "{r}");
+        }
+    }
+}
+
+/// A file name or title holding the template's slots is shown as it is, and the page keeps
+/// its data (before, `{{data}}` in a title put the data in the title and nothing drew).
+#[test]
+fn slots_in_names_and_titles_stay_text() {
+    let dir = scratch();
+    let bytes = snapshot_pickle(
+        Vec::new(),
+        (0..4)
+            .map(|k| trace_entry("alloc", 0x1000 + k * 0x100000, 1 << 20, 10 + k))
+            .collect(),
+    );
+    let file = write(&dir, "x{{data}}{{script}}.pickle", &bytes);
+    let page = dir.path().join("page.html");
+    let title = "t{{data}}{{style}}{{title}}";
+    ok(&[
+        "view",
+        "--quiet",
+        "-o",
+        page.to_str().unwrap(),
+        "--title",
+        title,
+        &file,
+    ]);
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.contains(&format!("<title>{title}</title>")),
+        "the title as given"
+    );
+    let data = page_data(&html);
+    assert_eq!(
+        data["panels"].as_array().unwrap().len(),
+        1,
+        "the data is in its place"
+    );
+    let strings = data["strings"].as_array().unwrap();
+    assert!(strings
+        .iter()
+        .any(|s| s.as_str().unwrap().ends_with("x{{data}}{{script}}.pickle")));
+    assert_eq!(
+        html.matches("<script>").count(),
+        1,
+        "one script, the page's own"
+    );
+    if let Some(script) = browser() {
+        let results = check(
+            &script,
+            dir.path(),
+            &[Job {
+                page,
+                out: None,
+                interact: false,
+                ranks: false,
+            }],
+        );
+        clean(&results[0]);
+    }
+}

@@ -126,15 +126,14 @@ pub fn run(args: ViewArgs) -> Result<(), Failure> {
         1 => format!("memsnap · {}", shown_names[0].0),
         n => format!("memsnap · {n} snapshots"),
     });
-    let page = Page {
-        version: env!("CARGO_PKG_VERSION"),
+    let page = Page::new(page::Parts {
         command: command_line(),
         title,
         panels,
         reports,
         compare_text,
         failures: failures.into_iter().map(|(_, f, why)| (f, why)).collect(),
-    };
+    });
     let mut pending = super::create_output(&out, naming)?;
     let written = {
         let mut w = std::io::BufWriter::new(pending.file());

@@ -21,6 +21,7 @@
 //! snapshot reach the page's DOM as text only, never as markup.
 
 pub mod pack;
+pub mod texts;
 
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -35,6 +36,7 @@ use crate::chart::{flamegraph, palette, series};
 use crate::replay::{Replay, NONE};
 use crate::snapshot::{Action, StackId};
 pub use pack::{pack, Packed};
+pub use texts::{Text, Texts};
 
 /// The groupings the page offers, in the order of its switch.
 pub const DIMENSIONS: [Dimension; 5] = [
@@ -59,8 +61,15 @@ pub struct Budget {
     pub blocks: usize,
     /// Events kept on each side of the peak and of each out-of-memory error.
     pub raw: usize,
-    /// Frames of PyTorch's own kept per stack (beyond the program's, which are all kept).
+    /// Frames of PyTorch's own kept per stack.
     pub plumbing_frames: usize,
+    /// Frames of the program kept per stack, the innermost (the rest are counted).
+    pub program_frames: usize,
+    /// Frames kept in all the stacks of a panel; past it, stacks keep
+    /// [`Budget::FEW_FRAMES`] of the program's.
+    pub frames: usize,
+    /// Panels sharing the page (each panel's strings get this share of the text budget).
+    pub panels: usize,
 }
 
 impl Budget {
@@ -74,17 +83,27 @@ impl Budget {
             blocks: (2_000 / n).clamp(60, 2_000),
             raw: (1_000 / n).clamp(100, 1_000),
             plumbing_frames: if n > 16 { 8 } else { 24 },
+            program_frames: 100,
+            frames: (200_000 / n).max(20_000),
+            panels: n,
         }
     }
+
+    /// Program frames kept per stack once [`Budget::frames`] is spent.
+    pub const FEW_FRAMES: usize = 4;
+
+    /// Frames of each line of the peak's flamegraph (the page draws 40 levels).
+    pub const FLAME_FRAMES: usize = 40;
 }
 
-/// The page's data for one device of one file.
+/// The page's data for one device of one file. Its strings are in its own table ([`Texts`])
+/// until [`Page::new`] takes them into the page's.
 #[derive(Clone, Debug, Serialize)]
 pub struct Panel {
     /// The file as given.
-    pub file: String,
+    pub file: Text,
     /// Its short name in the page (the rank when the name says one).
-    pub name: String,
+    pub name: Text,
     /// Rank read from the file name.
     pub rank: Option<u32>,
     /// Device ordinal.
@@ -107,7 +126,7 @@ pub struct Panel {
     /// Failed allocations.
     pub ooms: Vec<OomMark>,
     /// Where the peak was reached, in a few words.
-    pub peak_place: String,
+    pub peak_place: Text,
     /// Memory over time, fine.
     pub fine: Fine,
     /// Memory over time by each grouping.
@@ -116,8 +135,8 @@ pub struct Panel {
     pub zoom: Vec<Raw>,
     /// x of each step row's first and last event (the rows of the report's `steps`).
     pub step_x: Vec<[i64; 2]>,
-    /// Strings: frames, labels.
-    pub strings: Vec<String>,
+    /// Strings the stacks, blocks and flame refer to by index: frames, labels.
+    pub strings: Vec<Text>,
     /// Stacks: program frames (innermost first), PyTorch's frames kept, frames left out.
     pub stacks: Vec<StackText>,
     /// The blocks carried.
@@ -125,11 +144,30 @@ pub struct Panel {
     /// Everything live at the peak, folded by category then program frames (outermost first).
     pub peak_flame: Flame,
     /// The `memsnap oom` explanation, for a device that ran out of memory.
-    pub oom_text: Option<String>,
+    pub oom_text: Option<Text>,
     /// Index of the file's report in [`Page::reports`].
     pub report: usize,
     /// Index of this device in that report's `devices`.
     pub report_device: usize,
+    /// The strings [`Text`]s of this panel refer to, until the page takes them.
+    #[serde(skip)]
+    pub texts: Texts,
+}
+
+impl Panel {
+    /// Makes every [`Text`] of the panel refer to the page's table (`map`: this panel's
+    /// index to the page's).
+    fn remap(&mut self, map: &[Text]) {
+        let m = |t: &mut Text| *t = map[t.0 as usize];
+        m(&mut self.file);
+        m(&mut self.name);
+        m(&mut self.peak_place);
+        self.strings.iter_mut().for_each(m);
+        self.oom_text.iter_mut().for_each(m);
+        for g in &mut self.groupings {
+            g.groups.iter_mut().for_each(m);
+        }
+    }
 }
 
 /// The allocated peak.
@@ -180,7 +218,7 @@ pub struct Grouping {
     /// `category`, `step`, ...
     pub dimension: &'static str,
     /// Group names, bottom band first; the last holds the smaller groups.
-    pub groups: Vec<String>,
+    pub groups: Vec<Text>,
     /// Colours, `#rrggbb`, as the PNG timelines draw them.
     pub colours: Vec<String>,
     /// Distinct labels in the last band.
@@ -213,8 +251,10 @@ pub struct StackText {
     pub program: Vec<u32>,
     /// PyTorch's and the standard library's frames, innermost first, the first few.
     pub plumbing: Vec<u32>,
-    /// Frames left out.
+    /// PyTorch's frames left out.
     pub more: usize,
+    /// The program's frames left out (the outermost of a very deep stack).
+    pub cut: usize,
 }
 
 /// The blocks carried, a column per field.
@@ -241,17 +281,41 @@ pub struct Blocks {
 /// Folded stacks.
 #[derive(Clone, Debug, Serialize)]
 pub struct Flame {
-    /// Each line's frames, outermost first (indices into [`Panel::strings`]).
+    /// Each line's frames, outermost first (indices into [`Panel::strings`]); past
+    /// [`Budget::FLAME_FRAMES`], one more saying how many were left out.
     pub lines: Vec<Vec<u32>>,
     /// Each line's bytes.
     pub bytes: Vec<u64>,
 }
 
-/// Everything one page holds.
+/// Everything one page holds. Every string is once in [`Page::strings`] and referred to by
+/// index ([`Text`]), so its size is bounded by the budgets of [`Budget`] and [`texts`]
+/// whatever the snapshot's names.
 #[derive(Clone, Debug, Serialize)]
 pub struct Page {
     /// memsnap's version.
     pub version: &'static str,
+    /// The command that wrote the page.
+    pub command: Text,
+    /// The page's title.
+    pub title: Text,
+    /// One panel per device of each file.
+    pub panels: Vec<Panel>,
+    /// `report --json`'s object for each file, its strings as [`Text`]s.
+    pub reports: Vec<serde_json::Value>,
+    /// `memsnap compare`'s text for several files.
+    pub compare_text: Option<Text>,
+    /// Files that could not be read: `(file, why)`.
+    pub failures: Vec<(Text, Text)>,
+    /// The page's strings, each once.
+    pub strings: Vec<String>,
+    /// The whole text of shortened names short enough to carry: `(index in strings, text)`.
+    pub full: Vec<(u32, String)>,
+}
+
+/// What a page is made of, its strings as they came.
+#[derive(Clone, Debug, Default)]
+pub struct Parts {
     /// The command that wrote the page.
     pub command: String,
     /// The page's title.
@@ -266,22 +330,70 @@ pub struct Page {
     pub failures: Vec<(String, String)>,
 }
 
-/// Interned strings of one panel.
-#[derive(Default)]
-struct Strings {
-    list: Vec<String>,
-    index: HashMap<String, u32>,
+impl Page {
+    /// The page of `parts`: every string taken into one table, shortened within its budget.
+    pub fn new(parts: Parts) -> Page {
+        let mut texts = Texts::new();
+        let title = texts.text(&parts.title);
+        let command = texts.text(&parts.command);
+        let mut panels = parts.panels;
+        for p in &mut panels {
+            let own = std::mem::take(&mut p.texts);
+            let map = texts.adopt(&own);
+            p.remap(&map);
+        }
+        let mut reports = parts.reports;
+        for r in &mut reports {
+            intern_strings(r, &mut texts);
+        }
+        let compare_text = parts.compare_text.map(|t| texts.block(&t));
+        let failures = parts
+            .failures
+            .iter()
+            .map(|(f, why)| (texts.text(f), texts.text(why)))
+            .collect();
+        Page {
+            version: env!("CARGO_PKG_VERSION"),
+            command,
+            title,
+            panels,
+            reports,
+            compare_text,
+            failures,
+            strings: texts.shown().map(str::to_string).collect(),
+            full: texts.full().map(|(i, f)| (i, f.to_string())).collect(),
+        }
+    }
+
+    /// The text shown for `t`.
+    pub fn text(&self, t: Text) -> &str {
+        &self.strings[t.0 as usize]
+    }
 }
 
-impl Strings {
-    fn id(&mut self, s: &str) -> u32 {
-        if let Some(&i) = self.index.get(s) {
-            return i;
+/// Replaces every string of a JSON value by its [`Text`] (`{"$": index}`); keys longer than a
+/// shown name are shortened in place.
+fn intern_strings(v: &mut serde_json::Value, texts: &mut Texts) {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => {
+            let t = texts.text(s);
+            *v = serde_json::json!({ "$": t.0 });
         }
-        let i = self.list.len() as u32;
-        self.list.push(s.to_string());
-        self.index.insert(s.to_string(), i);
-        i
+        Value::Array(items) => items.iter_mut().for_each(|x| intern_strings(x, texts)),
+        Value::Object(map) => {
+            if map.keys().any(|k| k.len() > texts::SHOWN_CHARS) {
+                *map = std::mem::take(map)
+                    .into_iter()
+                    .map(|(k, x)| {
+                        let chars = k.chars().count();
+                        (texts::shorten(&k, chars, texts::SHOWN_CHARS), x)
+                    })
+                    .collect();
+            }
+            map.values_mut().for_each(|x| intern_strings(x, texts));
+        }
+        _ => {}
     }
 }
 
@@ -341,7 +453,7 @@ pub fn panel(
             rayon::join(
                 || fine(r, &xs, x_end, budget.fine),
                 || {
-                    let mut strings = Strings::default();
+                    let mut strings = Texts::with_share(1.0 / budget.panels.max(1) as f64);
                     let mut stacks = StackTable::default();
                     let blocks = blocks(a, &xs, x_end, budget, &mut strings, &mut stacks);
                     let flame = peak_flame(a, &mut strings);
@@ -350,7 +462,18 @@ pub fn panel(
             )
         },
     );
-    let (blocks, stacks, strings) = blocks_and_stacks;
+    let (blocks, stacks, mut texts) = blocks_and_stacks;
+    let groupings = groupings
+        .into_iter()
+        .map(|(mut g, names)| {
+            g.groups = names.iter().map(|n| texts.text(n)).collect();
+            g
+        })
+        .collect();
+    let file = texts.text(file);
+    let name = texts.text(name);
+    let peak_place = texts.text(&a.peak_place.summary());
+    let oom_text = oom_text.map(|t| texts.block(&t));
     let mut zoom_at: Vec<usize> = r.peaks.allocated.event.into_iter().collect();
     zoom_at.extend(r.ooms.iter().take(4).map(|o| o.event));
     let zoom = zoom_at
@@ -359,8 +482,8 @@ pub fn panel(
         .collect();
     let peak = r.peaks.allocated;
     Panel {
-        file: file.to_string(),
-        name: name.to_string(),
+        file,
+        name,
         rank,
         device: r.device,
         axis,
@@ -384,7 +507,7 @@ pub fn panel(
                 requested: o.requested,
             })
             .collect(),
-        peak_place: a.peak_place.summary(),
+        peak_place,
         fine,
         groupings,
         zoom,
@@ -393,13 +516,14 @@ pub fn panel(
             .iter()
             .map(|s| [x_at(Some(s.first_event)), x_at(Some(s.last_event))])
             .collect(),
-        strings: strings.list,
+        strings: (0..texts.shown().count() as u32).map(Text).collect(),
         stacks: stacks.list,
         blocks,
         peak_flame: flame,
         oom_text,
         report,
         report_device,
+        texts,
     }
 }
 
@@ -648,7 +772,7 @@ impl Named {
     }
 }
 
-/// One grouping's columns: the bands the PNG timelines draw (memory from before the trace
+/// One grouping's columns (and its groups' names): the bands the PNG timelines draw (memory from before the trace
 /// first, then the largest groups at the peak, then the largest at other times, the rest
 /// together), each column showing its highest moment.
 fn grouping(
@@ -657,7 +781,7 @@ fn grouping(
     changes: &Changes,
     (xs, moments): (&[i64], &[usize]),
     budget: &Budget,
-) -> Grouping {
+) -> (Grouping, Vec<String>) {
     let r = &a.replay;
     // the most each group ever held at once
     let mut now = vec![0i64; n.names.len()];
@@ -727,15 +851,16 @@ fn grouping(
         "other".to_string()
     };
     let values = (0..bands).flat_map(|k| best.iter().map(move |b| b.1[k].max(0)));
-    Grouping {
+    let grouping = Grouping {
         dimension: n.dimension.as_str(),
-        groups,
+        groups: Vec::new(),
         colours,
         folded,
         ev: pack(best.iter().map(|b| b.0 as i64)),
         x: pack(best.iter().map(|b| xs[b.0])),
         bytes: pack(values.collect::<Vec<_>>()),
-    }
+    };
+    (grouping, groups)
 }
 
 /// The events from `radius` before `center` to `radius` after it.
@@ -755,37 +880,61 @@ fn raw(r: &Replay, xs: &[i64], center: usize, radius: usize) -> Raw {
 struct StackTable {
     list: Vec<StackText>,
     index: HashMap<StackId, u32>,
+    /// Frames kept in all the stacks so far.
+    frames: usize,
 }
 
 impl StackTable {
+    /// The stack's index; its frames are taken in until [`Budget::program_frames`] of the
+    /// program's and [`Budget::plumbing_frames`] of PyTorch's (fewer once the panel's
+    /// [`Budget::frames`] are spent), the rest counted.
     fn id(
         &mut self,
         a: &DeviceAnalysis,
         stack: StackId,
-        strings: &mut Strings,
-        keep: usize,
+        strings: &mut Texts,
+        budget: &Budget,
     ) -> u32 {
         if let Some(&i) = self.index.get(&stack) {
             return i;
         }
         let snap = a.snap;
+        let spent = self.frames >= budget.frames;
+        let program_limit = if spent {
+            Budget::FEW_FRAMES
+        } else {
+            budget.program_frames
+        };
+        let plumbing_limit = if spent { 0 } else { budget.plumbing_frames };
         let mut text = StackText::default();
-        let mut plumbing = 0usize;
         for f in snap.stacks.frames(stack) {
+            let program = frames::is_python(&f) && !frames::is_library(snap, &f);
+            let room = if program {
+                text.program.len() < program_limit
+            } else {
+                text.plumbing.len() < plumbing_limit
+            };
+            if !room {
+                if program {
+                    text.cut += 1;
+                } else {
+                    text.more += 1;
+                }
+                continue;
+            }
             let shown = if f.line == 0 {
                 snap.str(f.name).to_string()
             } else {
                 format!("{} ({}:{})", snap.str(f.name), snap.str(f.filename), f.line)
             };
-            if frames::is_python(&f) && !frames::is_library(snap, &f) {
-                text.program.push(strings.id(&shown));
-            } else if plumbing < keep {
-                text.plumbing.push(strings.id(&shown));
-                plumbing += 1;
+            let id = strings.text(&shown).0;
+            if program {
+                text.program.push(id);
             } else {
-                text.more += 1;
+                text.plumbing.push(id);
             }
         }
+        self.frames += text.program.len() + text.plumbing.len();
         let i = self.list.len() as u32;
         self.list.push(text);
         self.index.insert(stack, i);
@@ -809,7 +958,7 @@ fn blocks(
     xs: &[i64],
     x_end: i64,
     budget: &Budget,
-    strings: &mut Strings,
+    strings: &mut Texts,
     stacks: &mut StackTable,
 ) -> Blocks {
     let r = &a.replay;
@@ -879,7 +1028,7 @@ fn blocks(
         .map(|&d| {
             pack(
                 kept.iter()
-                    .map(|b| strings.id(&keyer.key(d, &b.label, b.stack)) as i64)
+                    .map(|b| strings.text(&keyer.key(d, &b.label, b.stack)).0 as i64)
                     .collect::<Vec<_>>(),
             )
         })
@@ -900,15 +1049,16 @@ fn blocks(
         bytes: pack(kept.iter().map(|b| b.bytes as i64)),
         stack: pack(
             kept.iter()
-                .map(|b| stacks.id(a, b.stack, strings, budget.plumbing_frames) as i64)
+                .map(|b| stacks.id(a, b.stack, strings, budget) as i64)
                 .collect::<Vec<_>>(),
         ),
         labels,
     }
 }
 
-/// Everything live at the peak, folded by category and program frames.
-fn peak_flame(a: &DeviceAnalysis, strings: &mut Strings) -> Flame {
+/// Everything live at the peak, folded by category and program frames; a line deeper than
+/// [`Budget::FLAME_FRAMES`] keeps its outermost frames and says how many it left out.
+fn peak_flame(a: &DeviceAnalysis, strings: &mut Texts) -> Flame {
     let lines = flamegraph::folded(
         a,
         a.replay.peaks.allocated.event,
@@ -917,7 +1067,22 @@ fn peak_flame(a: &DeviceAnalysis, strings: &mut Strings) -> Flame {
     Flame {
         lines: lines
             .iter()
-            .map(|(l, _)| l.split(';').map(|f| strings.id(f)).collect())
+            .map(|(l, _)| {
+                let mut ids: Vec<u32> = Vec::new();
+                let mut left_out = 0usize;
+                for f in l.split(';') {
+                    if ids.len() < Budget::FLAME_FRAMES {
+                        ids.push(strings.text(f).0);
+                    } else {
+                        left_out += 1;
+                    }
+                }
+                if left_out > 0 {
+                    let more = format!("… {} more frames", crate::units::count(left_out as u64));
+                    ids.push(strings.text(&more).0);
+                }
+                ids
+            })
             .collect(),
         bytes: lines.iter().map(|(_, b)| *b).collect(),
     }
@@ -945,20 +1110,49 @@ pub fn data_json(page: &Page) -> serde_json::Result<String> {
     Ok(crate::escape::json(&json).replace('<', "\\u003c"))
 }
 
-/// Writes the page.
+/// Writes the page: the template with its slots filled in one pass that never reads again
+/// what it put in, so a title or a name holding `{{data}}` is shown as it is.
 pub fn write(out: &mut dyn Write, page: &Page) -> io::Result<()> {
     let json = data_json(page).map_err(io::Error::other)?;
-    let title = escape_text(&page.title);
-    let html = TEMPLATE
-        .replace("{{title}}", &title)
-        .replace("{{style}}", STYLE)
-        .replace("{{script}}", SCRIPT);
-    let (head, tail) = html
-        .split_once("{{data}}")
-        .ok_or_else(|| io::Error::other("page template without its data slot"))?;
-    out.write_all(head.as_bytes())?;
-    out.write_all(json.as_bytes())?;
-    out.write_all(tail.as_bytes())
+    let title = escape_text(&crate::escape::printable(page.text(page.title)));
+    fill(
+        out,
+        TEMPLATE,
+        &[
+            ("title", &title),
+            ("style", STYLE),
+            ("script", SCRIPT),
+            ("data", &json),
+        ],
+    )
+}
+
+/// Writes `template` with each `{{name}}` of `slots` replaced by its text, in one pass over
+/// the template: what a slot puts in is never read as template.
+fn fill(out: &mut dyn Write, template: &str, slots: &[(&str, &str)]) -> io::Result<()> {
+    let mut rest = template;
+    while let Some(open) = rest.find("{{") {
+        let after = &rest[open + 2..];
+        let slot = after.find("}}").and_then(|close| {
+            let name = &after[..close];
+            slots
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, text)| (close, *text))
+        });
+        match slot {
+            Some((close, text)) => {
+                out.write_all(&rest.as_bytes()[..open])?;
+                out.write_all(text.as_bytes())?;
+                rest = &after[close + 2..];
+            }
+            None => {
+                out.write_all(&rest.as_bytes()[..open + 2])?;
+                rest = after;
+            }
+        }
+    }
+    out.write_all(rest.as_bytes())
 }
 
 /// Text for an HTML text node.
@@ -979,27 +1173,37 @@ mod tests {
 
     #[test]
     fn data_cannot_close_its_script_element() {
-        let page = Page {
-            version: "0",
+        let page = Page::new(Parts {
             command: "memsnap view </script><script>alert(1)</script>".into(),
-            title: "<b>".into(),
-            panels: Vec::new(),
-            reports: Vec::new(),
-            compare_text: None,
-            failures: Vec::new(),
-        };
+            title: "<b>{{data}}".into(),
+            ..Parts::default()
+        });
         let json = data_json(&page).unwrap();
         assert!(!json.contains('<'));
         let back: serde_json::Value = serde_json::from_str(&json).unwrap();
+        let command = back["command"]["$"].as_u64().unwrap() as usize;
         assert_eq!(
-            back["command"],
+            back["strings"][command],
             "memsnap view </script><script>alert(1)</script>"
         );
         let mut html = Vec::new();
         write(&mut html, &page).unwrap();
         let html = String::from_utf8(html).unwrap();
         assert_eq!(html.matches("</script>").count(), 2, "the page's own two");
-        assert!(html.contains("<title>&lt;b&gt;"));
+        assert!(html.contains("<title>&lt;b&gt;{{data}}</title>"), "{html}");
+        assert_eq!(html.matches("id=\"memsnap-data\">{").count(), 1);
+    }
+
+    #[test]
+    fn slots_are_filled_once() {
+        let mut out = Vec::new();
+        fill(
+            &mut out,
+            "<{{a}}|{{b}}|{{c}}|{{",
+            &[("a", "{{b}}"), ("b", "x{{a}}")],
+        )
+        .unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "<{{b}}|x{{a}}|{{c}}|{{");
     }
 
     #[test]

@@ -2,7 +2,25 @@
 // canvas and writes text into the DOM with textContent only (never markup from the data).
 "use strict";
 (function () {
+  // Every string is once in DATA.strings, and referred to as {"$": index} (src/page/texts.rs):
+  // put back in place once, so the rest of the page reads strings.
   const DATA = JSON.parse(document.getElementById("memsnap-data").textContent);
+  const STR = DATA.strings;
+  function revive(v) {
+    if (Array.isArray(v)) {
+      for (let i = 0; i < v.length; i++) if (v[i] !== null && typeof v[i] === "object") v[i] = revive(v[i]);
+      return v;
+    }
+    if (v !== null && typeof v === "object") {
+      const keys = Object.keys(v);
+      if (keys.length === 1 && keys[0] === "$" && typeof v.$ === "number") return STR[v.$];
+      for (const k of keys) if (v[k] !== null && typeof v[k] === "object" && k !== "strings") v[k] = revive(v[k]);
+    }
+    return v;
+  }
+  revive(DATA);
+  // The whole text of names shown shortened, when the page carries it.
+  const FULL = new Map(DATA.full.map(([i, text]) => [STR[i], text]));
   const app = document.getElementById("app");
   const api = (window.memsnapView = { data: DATA, drawTimes: [], ready: false });
 
@@ -44,6 +62,14 @@
       else e.setAttribute(k, v);
     }
     for (const c of children) if (c !== null && c !== undefined) e.append(c);
+    return e;
+  }
+  // A name as an element: a shortened one whose whole text the page carries shows it on a click.
+  function nameEl(tag, attrs, name) {
+    if (!FULL.has(name)) return el(tag, Object.assign({}, attrs, { text: name }));
+    const e = el(tag, Object.assign({}, attrs, { text: name, class: ((attrs && attrs.class) || "") + " long",
+      title: "shortened: click for the whole name" }));
+    e.addEventListener("click", () => { e.textContent = FULL.get(name); e.classList.remove("long"); }, { once: true });
     return e;
   }
   const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
@@ -640,11 +666,12 @@
     const first = st.program.length ? v.p.strings[st.program[0]] : st.plumbing.length ? v.p.strings[st.plumbing[0]] : "no frames";
     d.append(el("summary", { text: first }));
     const ol = el("ol");
-    for (const f of st.program) ol.append(el("li", { text: v.p.strings[f] }));
+    for (const f of st.program) ol.append(nameEl("li", {}, v.p.strings[f]));
+    if (st.cut) ol.append(el("li", { class: "lib", text: "… " + count(st.cut) + " outer frames of the program left out" }));
     if (st.plumbing.length) {
       const inner = el("details", {}, el("summary", { text: st.plumbing.length + st.more + " frames of PyTorch and the standard library" }));
       const ol2 = el("ol");
-      for (const f of st.plumbing) ol2.append(el("li", { class: "lib", text: v.p.strings[f] }));
+      for (const f of st.plumbing) ol2.append(nameEl("li", { class: "lib" }, v.p.strings[f]));
       if (st.more) ol2.append(el("li", { class: "lib", text: "… " + st.more + " more" }));
       inner.append(ol2);
       ol.append(el("li", { class: "lib" }, inner));
@@ -658,7 +685,8 @@
     for (const [frames, b] of lines) {
       root.bytes += b;
       let node = root;
-      for (const name of frames.slice(0, 40)) {
+      // 40 levels, and the line's note of frames left out when it has one
+      for (const name of frames.slice(0, 41)) {
         let k = node.kids.get(name);
         if (!k) { k = { name, bytes: 0, kids: new Map() }; node.kids.set(name, k); }
         k.bytes += b;
