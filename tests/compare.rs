@@ -253,3 +253,60 @@ fn recursive_walks_survive_loops_links_and_unreadable_folders() {
         assert!(err.contains("closed: cannot read the folder"), "{err}");
     }
 }
+
+/// Links that lead out of the folder (to its parent, to `/`, links to each other) are not
+/// followed: the walk ends at once and lists only the folder's own snapshots (before, a link to
+/// `/` walked the whole disk for minutes and compared every snapshot on it).
+#[test]
+fn recursive_walks_stay_inside_the_folder() {
+    use std::os::unix::fs::symlink;
+    let dir = scratch();
+    let root = dir.path().join("runs");
+    let deep = root.join("a/b");
+    std::fs::create_dir_all(&deep).unwrap();
+    let snap = testdata("snapshots/single-gpu/memory_snapshot_rank0_step1.pickle.xz");
+    std::fs::copy(&snap, root.join("memory_snapshot_rank0_step1.pickle.xz")).unwrap();
+    // beside the folder, not in it
+    std::fs::copy(
+        &snap,
+        dir.path().join("memory_snapshot_rank7_step1.pickle.xz"),
+    )
+    .unwrap();
+    symlink("..", root.join("up")).unwrap();
+    symlink("/", root.join("everything")).unwrap();
+    symlink("../../..", deep.join("out")).unwrap();
+    symlink("../..", deep.join("back")).unwrap(); // the folder itself: read once
+    symlink("b", root.join("a/c")).unwrap(); // inside: followed, read once
+    symlink("two", root.join("one")).unwrap();
+    symlink("one", root.join("two")).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_memsnap"))
+        .args(["compare", "-r", &root.to_string_lossy(), "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed().as_secs() > 60 {
+            child.kill().unwrap();
+            panic!("compare -r did not end within 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let files: Vec<&str> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["file"].as_str().unwrap())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].ends_with("runs/memory_snapshot_rank0_step1.pickle.xz"));
+    let err = stderr(&o);
+    assert!(
+        err.contains("left out 3 folder links leading outside it"),
+        "{err}"
+    );
+}

@@ -1,5 +1,6 @@
 //! `memsnap compare A B` and `memsnap compare DIR | FILES...`
 
+use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -71,8 +72,8 @@ pub(super) fn expand(inputs: &[PathBuf], recursive: bool) -> (Vec<PathBuf>, bool
     // each file, and whether a folder listing found it
     let mut files: Vec<(PathBuf, bool)> = Vec::new();
     let mut any_dir = false;
-    let mut seen_dirs = Vec::new();
-    let mut seen_files = Vec::new();
+    let mut seen_dirs = HashSet::new();
+    let mut seen_files = HashSet::new();
     for input in inputs {
         if input.is_dir() {
             any_dir = true;
@@ -117,19 +118,14 @@ pub(super) fn no_inputs(inputs: &[PathBuf], recursive: bool) -> memsnap::Error {
 
 /// Whether the file or folder at `path` is met for the first time (by device and inode, so
 /// that links and other paths to it count as the same).
-fn first_time(path: &Path, seen: &mut Vec<(u64, u64)>) -> bool {
+fn first_time(path: &Path, seen: &mut HashSet<(u64, u64)>) -> bool {
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;
         let Ok(m) = std::fs::metadata(path) else {
             return true;
         };
-        let id = (m.dev(), m.ino());
-        if seen.contains(&id) {
-            return false;
-        }
-        seen.push(id);
-        true
+        seen.insert((m.dev(), m.ino()))
     }
     #[cfg(not(unix))]
     {
@@ -138,12 +134,19 @@ fn first_time(path: &Path, seen: &mut Vec<(u64, u64)>) -> bool {
     }
 }
 
+/// The snapshots (and report summaries) in `root`, and with `recursive` in its sub-folders.
+/// Each folder is read once, known by device and inode however it is reached (`ln -s . loop`,
+/// links to each other); a link to a folder is followed only when the folder lies inside
+/// `root` (a link to `..` or `/` would list the whole disk), and the links left out are said
+/// once.
 fn list_folder(
     root: &Path,
     recursive: bool,
-    seen_dirs: &mut Vec<(u64, u64)>,
+    seen_dirs: &mut HashSet<(u64, u64)>,
     found: &mut Vec<PathBuf>,
 ) {
+    let inside = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+    let mut outside = 0u64;
     let mut pending = vec![root.to_path_buf()];
     while let Some(dir) = pending.pop() {
         if !first_time(&dir, seen_dirs) {
@@ -163,7 +166,15 @@ fn list_folder(
         for entry in entries.flatten() {
             let p = entry.path();
             if p.is_dir() {
-                if recursive {
+                if !recursive {
+                    continue;
+                }
+                let link = entry.file_type().is_ok_and(|t| t.is_symlink());
+                let within =
+                    || std::fs::canonicalize(&p).is_ok_and(|real| real.starts_with(&inside));
+                if link && !within() {
+                    outside += 1;
+                } else {
                     pending.push(p);
                 }
             } else if p.is_file()
@@ -173,6 +184,13 @@ fn list_folder(
                 found.push(p);
             }
         }
+    }
+    if outside > 0 {
+        note!(
+            "memsnap: {}: left out {} leading outside it",
+            super::shown(root),
+            memsnap::units::counted(outside, "folder link")
+        );
     }
 }
 
