@@ -7,6 +7,7 @@
 //! generated code are left out. The bytes of all lines add up to allocated memory at that
 //! moment.
 
+use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
 use std::io::Write;
 
@@ -91,12 +92,14 @@ pub enum Root {
 }
 
 /// Folded stacks of the memory live after event `at` (`None`: before the first event):
-/// `(frames joined by ';', bytes)`, sorted.
+/// `(frames joined by ';', bytes)`, sorted. The bytes are summed by root and stack first, so
+/// each distinct stack's line is made once however many blocks share it.
 pub fn folded(a: &DeviceAnalysis, at: Option<usize>, root: Root) -> Vec<(String, u64)> {
     let live = breakdown::live_at(a.snap, &a.replay, &a.attribution, at);
     let mut keyer = a.keyer();
-    let mut frames_of: BTreeMap<(StackId, bool), Option<String>> = BTreeMap::new();
-    let mut lines: BTreeMap<String, u64> = BTreeMap::new();
+    // (root frame, stack, from before the trace, what a block without frames says) -> bytes
+    type Key = (Option<String>, StackId, bool, &'static str);
+    let mut sums: FxHashMap<Key, u64> = FxHashMap::default();
     for (bytes, label, stack) in live {
         let root_frame = match root {
             Root::Step => Some(keyer.key(Dimension::Step, label, stack)),
@@ -104,15 +107,21 @@ pub fn folded(a: &DeviceAnalysis, at: Option<usize>, root: Root) -> Vec<(String,
             Root::Category => Some(keyer.key(Dimension::Category, label, stack)),
             Root::None => None,
         };
+        let before = label.is_before_trace();
+        let key = (root_frame, stack, before, breakdown::without_frames(label));
+        *sums.entry(key).or_default() += bytes;
+    }
+    let mut frames_of: FxHashMap<(StackId, bool), Option<String>> = FxHashMap::default();
+    let mut lines: BTreeMap<String, u64> = BTreeMap::new();
+    for ((root_frame, stack, before, without), bytes) in sums {
         // one vocabulary with the report: a block without program frames says why
         let program = frames_of
-            .entry((stack, label.is_before_trace()))
-            .or_insert_with(|| program_frames(a, stack, label.is_before_trace()))
-            .clone()
-            .unwrap_or_else(|| breakdown::without_frames(label).to_string());
+            .entry((stack, before))
+            .or_insert_with(|| program_frames(a, stack, before));
+        let program = program.as_deref().unwrap_or(without);
         let line = match root_frame {
             Some(r) => format!("{};{program}", clean(&r)),
-            None => program,
+            None => program.to_string(),
         };
         *lines.entry(line).or_default() += bytes;
     }

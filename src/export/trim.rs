@@ -331,12 +331,15 @@ pub fn write<W: Write>(
     Ok(summary)
 }
 
-/// The pickle writer with the memo of strings and frames already written.
+/// The pickle writer with the memo of strings, frames and stacks already written.
 struct SnapshotWriter<'a, W: Write> {
     snap: &'a Snapshot,
     pickle: PickleWriter<W>,
     strings: FxHashMap<crate::pickle::StrId, u32>,
     frames: FxHashMap<u32, u32>,
+    /// Stacks written: the events of one stack share its list, so a deep stack is written
+    /// once however many events carry it.
+    stacks: FxHashMap<StackId, u32>,
     /// Keys and fixed values (`"action"`, `"alloc"`, …), written once and referenced after.
     words: FxHashMap<&'static str, u32>,
 }
@@ -348,6 +351,7 @@ impl<'a, W: Write> SnapshotWriter<'a, W> {
             pickle: PickleWriter::new(out)?,
             strings: FxHashMap::default(),
             frames: FxHashMap::default(),
+            stacks: FxHashMap::default(),
             words: FxHashMap::default(),
         })
     }
@@ -376,8 +380,12 @@ impl<'a, W: Write> SnapshotWriter<'a, W> {
     }
 
     /// A stack as PyTorch writes it: a list of `{filename, line, name}`, innermost first; each
-    /// frame dict written once and referenced after.
+    /// frame dict written once and referenced after, and so is each stack's list (the events
+    /// of one stack share it, as a Python list reached twice is pickled once).
     fn frames(&mut self, stack: StackId) -> io::Result<()> {
+        if let Some(&m) = self.stacks.get(&stack) {
+            return self.pickle.get(m);
+        }
         self.pickle.begin_list()?;
         for &id in self.snap.stacks.stack(stack) {
             if let Some(&m) = self.frames.get(&id.0) {
@@ -396,7 +404,10 @@ impl<'a, W: Write> SnapshotWriter<'a, W> {
             let m = self.pickle.put()?;
             self.frames.insert(id.0, m);
         }
-        self.pickle.end_list()
+        self.pickle.end_list()?;
+        let m = self.pickle.put()?;
+        self.stacks.insert(stack, m);
+        Ok(())
     }
 
     fn segment(
