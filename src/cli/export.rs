@@ -81,19 +81,25 @@ pub fn run(args: ExportArgs) -> Result<(), Failure> {
         .collect();
     super::within_memory(&args.file)?;
     let mut written = Vec::new();
-    let all = tables::tables(&analyses);
-    super::within_memory(&args.file)?;
-    let path_of = |table: &Table| {
+    let path_of = |name: &str| {
         args.output
-            .join(format!("{}.{}", table.name, args.format.extension()))
+            .join(format!("{name}.{}", args.format.extension()))
     };
     // Every name is checked before the first table is written.
-    for table in &all {
-        super::check_output(&path_of(table), Naming::Chosen)?;
+    for name in tables::NAMES {
+        super::check_output(&path_of(name), Naming::Chosen)?;
     }
     let mut stdout = super::stdout(args.json);
-    for table in all {
-        let path = path_of(&table);
+    // one table at a time: built, written, let go (none for a file without devices)
+    let names = if analyses.is_empty() {
+        &[][..]
+    } else {
+        &tables::NAMES[..]
+    };
+    for &name in names {
+        let table = tables::table(name, &analyses);
+        super::within_memory(&args.file)?;
+        let path = path_of(name);
         let pending = super::create_output(&path, Naming::Chosen)?;
         write(&table, pending, args.format).map_err(|m| {
             memsnap::Error::new(

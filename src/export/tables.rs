@@ -6,9 +6,14 @@
 //! - `peak`: the memory live at the peak, grouped by each dimension.
 //!
 //! The tables are built here as plain columns; [`write_jsonl`] writes them as JSON lines, and
-//! with the `export` feature the `parquet` module writes Parquet and CSV through polars.
+//! with the `export` feature the `parquet` module writes Parquet and CSV through polars, a
+//! part of the rows at a time ([`Table::parts`]). A text column holds each distinct text once
+//! and a code per row ([`TextColumn`]): the frames and labels of a snapshot repeat over its
+//! events, and a text per row would hold a long name as many times as it has events.
 
 use std::io::{self, Write};
+
+use rustc_hash::FxHashMap;
 
 use crate::analysis::{DeviceAnalysis, Dimension};
 use crate::attribute::{Label, NO_MB};
@@ -24,7 +29,74 @@ pub enum Values {
     /// Signed integers.
     I64(Vec<i64>),
     /// Text.
-    Str(Vec<String>),
+    Str(TextColumn),
+}
+
+/// A text column: each distinct text once, and for each row the index of its text.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TextColumn {
+    /// The distinct texts, in the order they first came.
+    pub texts: Vec<String>,
+    /// Each row's text (index into `texts`).
+    pub codes: Vec<u32>,
+    /// The texts by their hash (the texts themselves are not held twice).
+    index: FxHashMap<u64, Vec<u32>>,
+}
+
+impl TextColumn {
+    /// Adds a row of text `s`; gives its code.
+    pub fn push(&mut self, s: &str) -> u32 {
+        use std::hash::BuildHasher;
+        let hash = rustc_hash::FxBuildHasher.hash_one(s);
+        let same = self.index.entry(hash).or_default();
+        let code = match same.iter().find(|&&c| self.texts[c as usize] == s) {
+            Some(&c) => c,
+            None => {
+                let c = self.texts.len() as u32;
+                self.texts.push(s.to_string());
+                same.push(c);
+                c
+            }
+        };
+        self.codes.push(code);
+        code
+    }
+
+    /// Adds a row whose text has code `code` (given by [`TextColumn::push`]).
+    pub fn push_code(&mut self, code: u32) {
+        self.codes.push(code);
+    }
+
+    /// Row `i`'s text.
+    pub fn get(&self, i: usize) -> &str {
+        &self.texts[self.codes[i] as usize]
+    }
+
+    /// Rows.
+    pub fn len(&self) -> usize {
+        self.codes.len()
+    }
+
+    /// True without rows.
+    pub fn is_empty(&self) -> bool {
+        self.codes.is_empty()
+    }
+
+    fn extend(&mut self, more: TextColumn) {
+        for &c in &more.codes {
+            self.push(&more.texts[c as usize]);
+        }
+    }
+}
+
+impl<S: AsRef<str>> FromIterator<S> for TextColumn {
+    fn from_iter<I: IntoIterator<Item = S>>(items: I) -> TextColumn {
+        let mut c = TextColumn::default();
+        for s in items {
+            c.push(s.as_ref());
+        }
+        c
+    }
 }
 
 impl Values {
@@ -49,7 +121,15 @@ impl Values {
             Values::U64(v) => v[i].into(),
             Values::OptU64(v) => v[i].map_or(serde_json::Value::Null, Into::into),
             Values::I64(v) => v[i].into(),
-            Values::Str(v) => v[i].clone().into(),
+            Values::Str(v) => v.get(i).into(),
+        }
+    }
+
+    /// Bytes of row `i`'s text (0 for numbers).
+    fn text_bytes(&self, i: usize) -> usize {
+        match self {
+            Values::Str(v) => v.get(i).len(),
+            _ => 0,
         }
     }
 }
@@ -73,7 +153,32 @@ impl Table {
     pub fn column(&self, name: &str) -> Option<&Values> {
         self.columns.iter().find(|c| c.0 == name).map(|c| &c.1)
     }
+
+    /// The rows in consecutive parts, each holding at most [`PART_TEXT_BYTES`] of text (or
+    /// one row) and at most [`PART_ROWS`] rows: a writer that copies a part's texts holds one
+    /// part's at a time.
+    pub fn parts(&self) -> Vec<std::ops::Range<usize>> {
+        let mut parts = Vec::new();
+        let (mut start, mut bytes) = (0, 0usize);
+        for i in 0..self.rows() {
+            let row: usize = self.columns.iter().map(|(_, v)| v.text_bytes(i)).sum();
+            if i > start && (bytes + row > PART_TEXT_BYTES || i - start >= PART_ROWS) {
+                parts.push(start..i);
+                (start, bytes) = (i, 0);
+            }
+            bytes += row;
+        }
+        if start < self.rows() || parts.is_empty() {
+            parts.push(start..self.rows());
+        }
+        parts
+    }
 }
+
+/// Bytes of text in one part of a table's rows ([`Table::parts`]).
+pub const PART_TEXT_BYTES: usize = 1 << 20;
+/// Rows in one part of a table ([`Table::parts`]).
+pub const PART_ROWS: usize = 1 << 15;
 
 /// Label columns shared by `events` and `blocks`.
 #[derive(Default)]
@@ -81,16 +186,19 @@ struct LabelColumns {
     /// Whether the trace spans several training steps (step texts then name theirs).
     multi_step: bool,
     train_step: Vec<u64>,
-    step: Vec<String>,
-    op: Vec<String>,
+    step: TextColumn,
+    op: TextColumn,
     micro_batch: Vec<Option<u64>>,
     micro_batch_backward: Vec<Option<u64>>,
-    stage: Vec<String>,
+    stage: TextColumn,
     layer: Vec<Option<u64>>,
-    category: Vec<String>,
-    phase: Vec<String>,
-    annotation: Vec<String>,
-    site: Vec<String>,
+    category: TextColumn,
+    phase: TextColumn,
+    annotation: TextColumn,
+    site: TextColumn,
+    /// The site code of each stack (and whether its label is backward's, which a block
+    /// without frames names), so that a stack's site is made once.
+    sites: FxHashMap<(StackId, bool), u32>,
 }
 
 impl LabelColumns {
@@ -104,17 +212,27 @@ impl LabelColumns {
         let at = &a.attribution;
         let mb = |m: u16| (m != NO_MB).then_some(u64::from(m));
         self.train_step.push(u64::from(l.train_step));
-        self.step.push(at.step_text(l, self.multi_step));
-        self.op.push(at.op_text(l));
+        self.step.push(&at.step_text(l, self.multi_step));
+        self.op.push(&at.op_text(l));
         self.micro_batch.push(mb(l.mb));
         self.micro_batch_backward.push(mb(l.mb_backward));
-        self.stage.push(at.names.get(l.stage).to_string());
+        self.stage.push(at.names.get(l.stage));
         self.layer
             .push((l.layer != u16::MAX).then_some(u64::from(l.layer)));
-        self.category.push(l.category.as_str().to_string());
-        self.phase.push(l.phase.as_str().to_string());
-        self.annotation.push(at.names.get(l.annotation).to_string());
-        self.site.push(keyer.key(Dimension::Site, l, stack));
+        self.category.push(l.category.as_str());
+        self.phase.push(l.phase.as_str());
+        self.annotation.push(at.names.get(l.annotation));
+        // a site depends on the stack, and on the label only for a block without frames
+        let key = (stack, l.phase == crate::attribute::Phase::Backward);
+        match self.sites.get(&key) {
+            Some(&code) if !l.is_before_trace() => self.site.push_code(code),
+            _ => {
+                let code = self.site.push(&keyer.key(Dimension::Site, l, stack));
+                if !l.is_before_trace() {
+                    self.sites.insert(key, code);
+                }
+            }
+        }
     }
 
     fn into_columns(self, out: &mut Vec<(&'static str, Values)>) {
@@ -137,26 +255,33 @@ impl LabelColumns {
     }
 }
 
+/// The names of the four tables, in the order they are written.
+pub const NAMES: [&str; 4] = ["events", "blocks", "steps", "peak"];
+
 /// The four tables of every analysed device (rows of all devices together, with a `device`
 /// column).
 pub fn tables(devices: &[DeviceAnalysis]) -> Vec<Table> {
-    let mut parts: Vec<[Table; 4]> = devices
-        .iter()
-        .map(|a| [events(a), blocks(a), steps(a), peak(a)])
-        .collect();
-    if parts.len() == 1 {
-        return parts.pop().map(Vec::from).unwrap_or_default();
+    NAMES.iter().map(|name| table(name, devices)).collect()
+}
+
+/// The table called `name` (one of [`NAMES`]) of every analysed device, rows of all devices
+/// together; built one at a time, a table's memory is let go before the next is built.
+pub fn table(name: &'static str, devices: &[DeviceAnalysis]) -> Table {
+    let one = |a: &DeviceAnalysis| match name {
+        "events" => events(a),
+        "blocks" => blocks(a),
+        "steps" => steps(a),
+        _ => peak(a),
+    };
+    let mut parts = devices.iter().map(one);
+    let mut all = parts.next().unwrap_or(Table {
+        name,
+        columns: Vec::new(),
+    });
+    for t in parts {
+        append(&mut all, t);
     }
-    let mut out: Vec<Table> = Vec::new();
-    for group in parts {
-        for (k, t) in group.into_iter().enumerate() {
-            match out.get_mut(k) {
-                None => out.push(t),
-                Some(all) => append(all, t),
-            }
-        }
-    }
-    out
+    all
 }
 
 fn append(all: &mut Table, more: Table) {
@@ -181,8 +306,8 @@ pub fn events(a: &DeviceAnalysis) -> Table {
         multi_step: a.attribution.multi_step(),
         ..LabelColumns::default()
     };
-    let (mut time, mut action, mut addr, mut size, mut stream) = (
-        Vec::with_capacity(n),
+    let mut action = TextColumn::default();
+    let (mut time, mut addr, mut size, mut stream) = (
         Vec::with_capacity(n),
         Vec::with_capacity(n),
         Vec::with_capacity(n),
@@ -191,7 +316,7 @@ pub fn events(a: &DeviceAnalysis) -> Table {
     let mut reserved = Vec::with_capacity(n);
     for (i, ev) in trace.iter().enumerate() {
         time.push(ev.time_us);
-        action.push(ev.action.as_str().to_string());
+        action.push(ev.action.as_str());
         addr.push(ev.addr);
         size.push(ev.size);
         stream.push(ev.stream);
@@ -294,12 +419,12 @@ pub fn steps(a: &DeviceAnalysis) -> Table {
 
 /// The memory live at the peak, one row per group of each dimension.
 pub fn peak(a: &DeviceAnalysis) -> Table {
-    let (mut dimension, mut label, mut bytes, mut count) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut dimension, mut label) = (TextColumn::default(), TextColumn::default());
+    let (mut bytes, mut count) = (Vec::new(), Vec::new());
     for (d, shares) in &a.peak_breakdown {
         for s in shares {
-            dimension.push(d.as_str().to_string());
-            label.push(s.label.clone());
+            dimension.push(d.as_str());
+            label.push(&s.label);
             bytes.push(s.bytes);
             count.push(s.count);
         }
