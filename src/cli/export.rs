@@ -97,30 +97,38 @@ pub fn run(args: ExportArgs) -> Result<(), Failure> {
         &tables::NAMES[..]
     };
     for &name in names {
-        let table = tables::table(name, &analyses);
-        super::within_memory(&args.file)?;
         let path = path_of(name);
         let pending = super::create_output(&path, Naming::Chosen)?;
-        write(&table, pending, args.format).map_err(|m| {
+        let (mut rows, mut columns) = (0usize, Vec::new());
+        let mut parts = tables::table_parts(name, &analyses).inspect(|t| {
+            rows += t.rows();
+            if columns.is_empty() {
+                columns = t.columns.iter().map(|c| c.0).collect();
+            }
+        });
+        let done = write(&mut parts, pending, args.format);
+        drop(parts);
+        done.map_err(|m| {
             memsnap::Error::new(
                 &path,
                 memsnap::output::OutputError::Io(io::Error::other(m)).into(),
             )
         })?;
+        super::within_memory(&args.file)?;
         if !args.json {
             writeln!(
                 stdout,
                 "wrote {} ({}, {})",
                 super::shown(&path),
-                units::counted(table.rows() as u64, "row"),
-                units::counted(table.columns.len() as u64, "column")
+                units::counted(rows as u64, "row"),
+                units::counted(columns.len() as u64, "column")
             )?;
         }
         written.push(serde_json::json!({
-            "table": table.name,
+            "table": name,
             "path": path.display().to_string(),
-            "rows": table.rows(),
-            "columns": table.columns.iter().map(|c| c.0).collect::<Vec<_>>(),
+            "rows": rows,
+            "columns": columns,
         }));
     }
     if args.json {
@@ -152,23 +160,32 @@ fn prepare_folder(dir: &Path) -> Result<(), Failure> {
         .map_err(|e| memsnap::Error::new(dir, UsageError::CreateFolder(e).into()).into())
 }
 
-/// Writes one table through its pending output and puts it in place.
-fn write(table: &Table, mut out: Pending, format: Format) -> Result<(), String> {
+/// Writes one table, part after part, through its pending output and puts it in place.
+fn write(
+    parts: &mut dyn Iterator<Item = Table>,
+    mut out: Pending,
+    format: Format,
+) -> Result<(), String> {
     match format {
         Format::Jsonl => {
             let mut buffered = BufWriter::new(out.file());
-            tables::write_jsonl(&mut buffered, table)
+            let mut written = Ok(());
+            for t in parts {
+                written = tables::write_jsonl(&mut buffered, &t);
+                if written.is_err() {
+                    break;
+                }
+            }
+            written
                 .and_then(|()| buffered.flush())
                 .map_err(|e| e.to_string())?;
         }
         #[cfg(feature = "export")]
-        Format::Parquet => {
-            memsnap::export::parquet::write_parquet(table, out.file()).map_err(|e| e.to_string())?
-        }
+        Format::Parquet => memsnap::export::parquet::write_parquet_parts(parts, out.file())
+            .map_err(|e| e.to_string())?,
         #[cfg(feature = "export")]
-        Format::Csv => {
-            memsnap::export::parquet::write_csv(table, out.file()).map_err(|e| e.to_string())?
-        }
+        Format::Csv => memsnap::export::parquet::write_csv_parts(parts, out.file())
+            .map_err(|e| e.to_string())?,
         #[cfg(not(feature = "export"))]
         Format::Parquet | Format::Csv => unreachable!("refused in run"),
     }

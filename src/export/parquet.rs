@@ -49,30 +49,64 @@ fn frame_of(
 
 /// Writes `table` as Parquet (zstd-compressed), a row group per part of its rows.
 pub fn write_parquet(table: &Table, out: &mut dyn Write) -> PolarsResult<()> {
-    let parts = table.parts();
-    let first = frame_of(table, parts[0].clone(), plain)?;
+    write_parquet_parts(&mut std::iter::once(table.clone()), out)
+}
+
+/// Writes the parts of one table ([`super::tables::table_parts`]) as one Parquet file, a row
+/// group per part of each part's rows ([`Table::parts`]), each let go once written.
+pub fn write_parquet_parts(
+    parts: &mut dyn Iterator<Item = Table>,
+    out: &mut dyn Write,
+) -> PolarsResult<()> {
+    let mut frames = frames(parts, plain);
+    let Some(first) = frames.next().transpose()? else {
+        return Ok(());
+    };
     let mut writer = ParquetWriter::new(out)
         .set_parallel(false)
         .batched(&first.schema().clone())?;
     writer.write_batch(&first)?;
     drop(first);
-    for rows in &parts[1..] {
-        writer.write_batch(&frame_of(table, rows.clone(), plain)?)?;
+    for frame in frames {
+        writer.write_batch(&frame?)?;
     }
     writer.finish()?;
     Ok(())
 }
 
+/// Each part of each table as a frame, made as it is read.
+fn frames<'a>(
+    parts: &'a mut dyn Iterator<Item = Table>,
+    cell: fn(&str) -> Cow<'_, str>,
+) -> impl Iterator<Item = PolarsResult<DataFrame>> + 'a {
+    parts.flat_map(move |table| {
+        let ranges = table.parts();
+        ranges
+            .into_iter()
+            .map(move |rows| frame_of(&table, rows, cell))
+    })
+}
+
 /// Writes `table` as CSV with a header line; a text cell that a spreadsheet would read as a
 /// formula starts with `'` ([`crate::escape::csv_cell`]).
 pub fn write_csv(table: &Table, out: &mut dyn Write) -> PolarsResult<()> {
-    let parts = table.parts();
-    let first = frame_of(table, parts[0].clone(), crate::escape::csv_cell)?;
+    write_csv_parts(&mut std::iter::once(table.clone()), out)
+}
+
+/// Writes the parts of one table as one CSV file (see [`write_csv`]).
+pub fn write_csv_parts(
+    parts: &mut dyn Iterator<Item = Table>,
+    out: &mut dyn Write,
+) -> PolarsResult<()> {
+    let mut frames = frames(parts, crate::escape::csv_cell);
+    let Some(first) = frames.next().transpose()? else {
+        return Ok(());
+    };
     let mut writer = CsvWriter::new(out).batched(&first.schema().clone())?;
     writer.write_batch(&first)?;
     drop(first);
-    for rows in &parts[1..] {
-        writer.write_batch(&frame_of(table, rows.clone(), crate::escape::csv_cell)?)?;
+    for frame in frames {
+        writer.write_batch(&frame?)?;
     }
     writer.finish()
 }

@@ -265,15 +265,9 @@ pub fn tables(devices: &[DeviceAnalysis]) -> Vec<Table> {
 }
 
 /// The table called `name` (one of [`NAMES`]) of every analysed device, rows of all devices
-/// together; built one at a time, a table's memory is let go before the next is built.
+/// together.
 pub fn table(name: &'static str, devices: &[DeviceAnalysis]) -> Table {
-    let one = |a: &DeviceAnalysis| match name {
-        "events" => events(a),
-        "blocks" => blocks(a),
-        "steps" => steps(a),
-        _ => peak(a),
-    };
-    let mut parts = devices.iter().map(one);
+    let mut parts = table_parts(name, devices);
     let mut all = parts.next().unwrap_or(Table {
         name,
         columns: Vec::new(),
@@ -282,6 +276,27 @@ pub fn table(name: &'static str, devices: &[DeviceAnalysis]) -> Table {
         append(&mut all, t);
     }
     all
+}
+
+/// The table called `name` (one of [`NAMES`]) of every analysed device, made a part at a
+/// time as it is read: the events [`PART_ROWS`] at a time, the other tables a device at a
+/// time. A writer that lets each part go holds one part, not the table (the events of a long
+/// trace would be tens of bytes a row, on top of the analysis).
+pub fn table_parts<'a>(
+    name: &'static str,
+    devices: &'a [DeviceAnalysis],
+) -> Box<dyn Iterator<Item = Table> + 'a> {
+    match name {
+        "events" => Box::new(devices.iter().flat_map(|a| {
+            let n = a.snap.trace(a.device()).len();
+            (0..n.max(1))
+                .step_by(PART_ROWS)
+                .map(move |start| events_of(a, start..(start + PART_ROWS).min(n)))
+        })),
+        "blocks" => Box::new(devices.iter().map(blocks)),
+        "steps" => Box::new(devices.iter().map(steps)),
+        _ => Box::new(devices.iter().map(peak)),
+    }
 }
 
 fn append(all: &mut Table, more: Table) {
@@ -298,8 +313,13 @@ fn append(all: &mut Table, more: Table) {
 
 /// One row per trace event.
 pub fn events(a: &DeviceAnalysis) -> Table {
+    events_of(a, 0..a.snap.trace(a.device()).len())
+}
+
+/// The rows of events `rows`.
+fn events_of(a: &DeviceAnalysis, rows: std::ops::Range<usize>) -> Table {
     let r = &a.replay;
-    let trace = a.snap.trace(a.device());
+    let trace = &a.snap.trace(a.device())[rows.clone()];
     let n = trace.len();
     let mut keyer = a.keyer();
     let mut labels = LabelColumns {
@@ -314,7 +334,7 @@ pub fn events(a: &DeviceAnalysis) -> Table {
         Vec::with_capacity(n),
     );
     let mut reserved = Vec::with_capacity(n);
-    for (i, ev) in trace.iter().enumerate() {
+    for (i, ev) in rows.clone().zip(trace) {
         time.push(ev.time_us);
         action.push(ev.action.as_str());
         addr.push(ev.addr);
@@ -325,14 +345,23 @@ pub fn events(a: &DeviceAnalysis) -> Table {
     }
     let mut columns = vec![
         ("device", Values::U64(vec![u64::from(a.device()); n])),
-        ("index", Values::U64((0..n as u64).collect())),
+        (
+            "index",
+            Values::U64((rows.start as u64..rows.end as u64).collect()),
+        ),
         ("time_us", Values::I64(time)),
         ("action", Values::Str(action)),
         ("addr", Values::U64(addr)),
         ("size", Values::U64(size)),
         ("stream", Values::I64(stream)),
-        ("allocated_after_bytes", Values::U64(r.allocated.clone())),
-        ("requested_after_bytes", Values::U64(r.requested.clone())),
+        (
+            "allocated_after_bytes",
+            Values::U64(r.allocated[rows.clone()].to_vec()),
+        ),
+        (
+            "requested_after_bytes",
+            Values::U64(r.requested[rows].to_vec()),
+        ),
         ("reserved_after_bytes", Values::U64(reserved)),
     ];
     labels.into_columns(&mut columns);
