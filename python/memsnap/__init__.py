@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -103,8 +104,11 @@ def _flags(options: Dict[str, Any]) -> List[str]:
         elif isinstance(value, (list, tuple)):
             for item in value:
                 args += [flag, str(item)]
+        elif isinstance(value, (bytes, os.PathLike)):
+            # a path as it is: bytes that are no UTF-8 stay the bytes given
+            args += [flag, os.fspath(value)]
         else:
-            args += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
+            args += [flag, str(value)]
     return args
 
 
@@ -188,11 +192,56 @@ def timeline(snapshot: Snapshot, output: Union[str, "os.PathLike[str]"], by: str
     """Draws memory over time into ``output`` (.png or .svg), stacked by ``by`` (category, step,
     op, stage, site, phase or annotation), and returns the image paths written (one per device)."""
     path, data = _source(snapshot)
-    flags = _flags({"output": os.fspath(output), "by": by, **options})
+    output = os.fspath(output)
+    flags = _flags({"output": output, "by": by, **options})
     _, notes = _run(["timeline", "--quiet", *flags, "--", path], stdin=data)
-    # The files this run wrote, as it announced them: never images an earlier run left behind.
+    # The files this run wrote, as it announced them (never images an earlier run left
+    # behind), each as the path itself: the notes show names escaped for a terminal.
+    return [_written_path(output, shown) for shown in _announced(notes)]
+
+
+def _announced(notes: str) -> List[str]:
+    """The names memsnap said it wrote, as shown (control characters escaped)."""
     prefix = "memsnap: wrote "
     return [line[len(prefix):] for line in notes.splitlines() if line.startswith(prefix)]
+
+
+def _shown(path: Union[str, bytes]) -> str:
+    """``path`` as memsnap's notes show it (``escape::printable`` of its display)."""
+    if isinstance(path, bytes):
+        text = path.decode("utf-8", "replace")
+    else:
+        text = path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    out = []
+    for c in text:
+        o = ord(c)
+        if c in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[c])
+        elif o < 0x20 or o == 0x7F:
+            out.append("\\x%02x" % o)
+        elif 0x80 <= o <= 0x9F or 0x202A <= o <= 0x202E or 0x2066 <= o <= 0x2069 or o in (0x200E, 0x200F, 0x61C):
+            out.append("\\u{%x}" % o)
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def _written_path(output: Union[str, bytes], shown: str) -> Union[str, bytes]:
+    """The path memsnap announced as ``shown``: ``output`` itself, or its name for one of several
+    devices (``t-device1.png``, ``t-host.png`` beside ``t.png``), of the type ``output`` has."""
+    if shown == _shown(output):
+        return output
+    found = re.search(r"-(device[0-9]+|host)\.[^/]*$", shown)
+    if not found:
+        return output
+    slug = found.group(1)
+    head, tail = os.path.split(output)
+    stem, ext = os.path.splitext(tail)
+    if isinstance(output, bytes):
+        name = stem + b"-" + slug.encode() + (ext or b".png")
+    else:
+        name = stem + "-" + slug + (ext or ".png")
+    return os.path.join(head, name)
 
 
 def view(
@@ -203,16 +252,16 @@ def view(
     """Writes one self-contained interactive HTML page of ``snapshot`` (or of a list of snapshot
     files or folders, one panel per rank) to ``output`` and returns its path. The page needs no
     network: open it in any browser, attach it to a pull request."""
-    flags = _flags({"output": os.fspath(output), **options})
+    output = os.fspath(output)
+    flags = _flags({"output": output, **options})
     if isinstance(snapshot, (list, tuple)):
         paths, data = [os.fspath(s) for s in snapshot], None
     else:
         path, data = _source(snapshot)
         paths = [path]
-    _, notes = _run(["view", "--quiet", *flags, "--", *paths], stdin=data)
-    prefix = "memsnap: wrote "
-    written = [line[len(prefix):] for line in notes.splitlines() if line.startswith(prefix)]
-    return written[-1] if written else os.fspath(output)
+    _run(["view", "--quiet", *flags, "--", *paths], stdin=data)
+    # the path as given (str or bytes): the note shows it escaped for a terminal
+    return output
 
 
 def compare(*snapshots: Union[str, "os.PathLike[str]"], **options: Any) -> Dict[str, Any]:

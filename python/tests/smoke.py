@@ -83,6 +83,8 @@ def main():
         finally:
             os.chdir(here)
 
+    check_output_names()
+
     try:
         memsnap.report("no-such-file.pickle")
         check(False, "a missing file raises")
@@ -112,6 +114,31 @@ def main():
         check(False, "a wrong type raises")
     except TypeError:
         check(True, "a wrong type raises TypeError")
+
+
+def check_output_names():
+    """Output names holding a newline, a terminal escape or bytes that are no UTF-8 come back as
+    the paths written, as given (str or bytes), not as the escaped text memsnap's notes show."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ["line\nbreak.png", "esc\x1b[31m.png", "bidi\u202e.png"]:
+            odd = os.path.join(tmp, name)
+            written = memsnap.timeline(SNAPSHOT, odd)
+            check(written == [odd] and os.path.isfile(odd), f"timeline() returns {name!r} itself")
+        raw = os.path.join(os.fsencode(tmp), b"caf\xe9\n.png")
+        written = memsnap.timeline(SNAPSHOT, raw)
+        check(written == [raw] and os.path.isfile(raw), "timeline() returns a bytes name as given")
+        # several devices: each image's own name, beside the one given
+        several = os.path.join(os.fsencode(tmp), b"t\xff\n.png")
+        written = memsnap.timeline("testdata/snapshots/constructed/host_pinned.pickle.xz", several)
+        expected = [os.path.join(os.fsencode(tmp), b"t\xff\n-device0.png"),
+                    os.path.join(os.fsencode(tmp), b"t\xff\n-host.png")]
+        check(written == expected and all(os.path.isfile(w) for w in written),
+              f"timeline() returns each device's image as written ({written})")
+        page = os.path.join(tmp, "page\n\x1b.html")
+        check(memsnap.view(SNAPSHOT, page) == page and os.path.isfile(page), "view() returns the page's name itself")
+        raw_page = os.path.join(os.fsencode(tmp), b"p\xe9.html")
+        check(memsnap.view(SNAPSHOT, raw_page) == raw_page and os.path.isfile(raw_page),
+              "view() returns a bytes name as given")
 
 
 class _Storage:

@@ -74,13 +74,13 @@ pub fn per_device(out: &Path, device: u32, several: bool) -> PathBuf {
     if !several {
         return out.to_path_buf();
     }
-    let stem = out
+    // the name's own bytes, whether or not they are UTF-8
+    let mut name = out
         .file_stem()
-        .map_or("timeline".into(), |s| s.to_string_lossy().into_owned());
-    let ext = out
-        .extension()
-        .map_or("png".into(), |e| e.to_string_lossy().into_owned());
-    out.with_file_name(format!("{stem}-{}.{ext}", super::device_slug(device)))
+        .map_or_else(|| "timeline".into(), |s| s.to_os_string());
+    name.push(format!("-{}.", super::device_slug(device)));
+    name.push(out.extension().unwrap_or("png".as_ref()));
+    out.with_file_name(name)
 }
 
 pub fn run(args: TimelineArgs) -> Result<(), Failure> {
