@@ -22,6 +22,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+pub use crate::error::{OutputError, SmallFileError};
+
 /// Who chose an output's name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Naming {
@@ -29,27 +31,6 @@ pub enum Naming {
     Named,
     /// memsnap derived the name: an existing file is replaced only when forced.
     Chosen,
-}
-
-/// Why an output cannot be written.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum OutputError {
-    /// The target is a file this command reads.
-    #[error("is a file this command reads: memsnap never writes over its input; give another output name")]
-    IsInput,
-    /// The target exists and its name was not the user's.
-    #[error("exists, and memsnap chose this name itself: give --force to write over it")]
-    Exists,
-    /// The target's folder does not exist.
-    #[error("the folder {} does not exist", .0.display())]
-    NoFolder(PathBuf),
-    /// The target is a folder.
-    #[error("is a folder: give a file name")]
-    IsFolder,
-    /// Creating, writing or renaming failed.
-    #[error("cannot write it: {}", crate::error::io_text(.0))]
-    Io(#[from] io::Error),
 }
 
 /// The identity of a file: the same for every path that reaches it.
@@ -86,6 +67,9 @@ impl Identity {
     }
 }
 
+/// The path that names standard input (`memsnap report -`).
+pub const STDIN: &str = "-";
+
 /// Files read, by identity.
 #[derive(Debug, Default)]
 struct Inputs(Mutex<Vec<Identity>>);
@@ -102,7 +86,7 @@ impl Inputs {
     }
 
     fn note(&self, path: &Path) {
-        let id = if path == Path::new(crate::pickle::source::STDIN) {
+        let id = if path == Path::new(STDIN) {
             stdin_identity()
         } else {
             Identity::of(path)
@@ -144,21 +128,6 @@ fn stdin_identity() -> Option<Identity> {
     {
         None
     }
-}
-
-/// Why a small input was not read.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SmallFileError {
-    /// A device, a pipe or a folder.
-    #[error("not a regular file")]
-    NotRegular,
-    /// More bytes than allowed.
-    #[error("larger than {}", crate::units::bytes(*.0))]
-    TooLarge(u64),
-    /// Opening or reading failed.
-    #[error("{}", crate::error::io_text(.0))]
-    Io(#[from] io::Error),
 }
 
 /// The bytes of a small input (a rules file, a source file a frame names): a regular file of

@@ -3,6 +3,12 @@
 //! [`crate::escape`] ([`printable`] and [`one_line`] are its own, for the stages that format
 //! messages here).
 
+/// The device number memsnap gives pinned host memory (`host_segments` and `host_traces`,
+/// torch after 2.11), one past the highest CUDA device (127): it is reported and drawn as its
+/// own device, "host (pinned)", never added to a GPU's figures. Defined here, at the ground,
+/// so that the errors that name devices need no stage above it.
+pub const HOST_DEVICE: u32 = 128;
+
 const KIB: f64 = 1024.0;
 const MIB: f64 = 1024.0 * 1024.0;
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;

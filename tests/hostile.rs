@@ -417,37 +417,48 @@ fn a_cuda_malloc_async_recording_is_not_simulated() {
     ]);
 }
 
-/// `--max-memory` holds after decoding too: analysis and tables are checked at their ends, so
-/// a cap the decoder passes still stops an export that needs more.
+/// `--max-memory` holds after decoding too: a stage about to build something large asks first,
+/// so a cap the decoder passes still stops a chart whose image buffer would pass it, with the
+/// sizes in the message.
 #[test]
 fn the_memory_cap_holds_after_decoding() {
     let file = testdata("snapshots/pipelines/pp8n16/memory_snapshot_rank0_pp8n16_step0.pickle.xz");
     let file = file.to_string_lossy().into_owned();
     let mut after_decoding = 0;
-    for mib in 6..=16 {
+    let mut drawn = 0;
+    // a 4000x3000 buffer takes 34.33 MiB; the decoder needs about 7 MiB
+    for mib in [8, 12, 16, 24, 32, 64] {
         let dir = scratch();
-        let out = dir.path().join("t").to_string_lossy().into_owned();
+        let out = dir.path().join("t.png");
         let cap = format!("{mib}MiB");
         let o = memsnap(&[
-            "export",
+            "timeline",
             &file,
             "--max-memory",
             &cap,
+            "--width",
+            "4000",
+            "--height",
+            "3000",
             "-o",
-            &out,
-            "--format",
-            "jsonl",
+            &out.to_string_lossy(),
         ]);
         if o.status.success() {
+            assert!(mib > 32, "{mib} MiB cannot hold a 34.33 MiB image: {o:?}");
+            drawn += 1;
             continue;
         }
         one_line_failure(&o, 1, "(raise it with --max-memory)");
-        after_decoding += usize::from(stderr(&o).contains("after decoding"));
+        assert!(!out.exists(), "a refused chart leaves no file");
+        if stderr(&o).contains("after decoding: a 4000x3000 PNG needs 34.33 MiB") {
+            after_decoding += 1;
+        }
     }
     assert!(
-        after_decoding > 0,
-        "some cap passes the decoder and stops the export"
+        after_decoding >= 2,
+        "caps the decoder passes stop the chart"
     );
+    assert!(drawn >= 1, "a cap with room draws it");
 }
 
 /// The most resident memory a run of `memsnap args` reached (Linux: `VmHWM`, read while it

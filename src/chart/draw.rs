@@ -184,7 +184,7 @@ pub(super) fn render(
     let p = panel(a, options, title, columns);
     match format {
         Format::Png => {
-            let root = BitMapBackend::new(out, size).into_drawing_area();
+            let root = bitmap(out, size)?;
             let info = single(&root, &p, options)?;
             root.present().map_err(drawing)?;
             Ok(info)
@@ -213,7 +213,7 @@ pub fn render_panels(
     };
     match format {
         Format::Png => {
-            let root = BitMapBackend::new(out, size).into_drawing_area();
+            let root = bitmap(out, size)?;
             draw_on(&root, panels, options, title, many)?;
             root.present().map_err(drawing)
         }
@@ -965,7 +965,7 @@ pub(super) fn histogram(
     let size = (1200, 600);
     match format {
         Format::Png => {
-            let root = BitMapBackend::new(out, size).into_drawing_area();
+            let root = bitmap(out, size)?;
             histogram_on(&root, peaks, title)?;
             root.present().map_err(drawing)
         }
@@ -1021,4 +1021,20 @@ where
         }))
         .map_err(err)?;
     Ok(())
+}
+
+/// A PNG's drawing area, once the process has room for its buffer (three bytes a pixel) within
+/// `--max-memory`: the buffer is the largest thing a chart makes, so it asks before it is made.
+fn bitmap(
+    out: &Path,
+    (width, height): (u32, u32),
+) -> Result<DrawingArea<BitMapBackend<'_>, Shift>, ChartError> {
+    let needed = u64::from(width) * u64::from(height) * 3;
+    crate::memory::check(needed).map_err(|max| ChartError::Memory {
+        width,
+        height,
+        needed,
+        max,
+    })?;
+    Ok(BitMapBackend::new(out, (width, height)).into_drawing_area())
 }

@@ -1,13 +1,16 @@
 //! Errors: one type for the library, one line for the user.
 //!
 //! Every error type of the crate is defined here, at the ground, so that this module imports
-//! nothing from the stages above it: [`decode`] holds the pickle reader's errors (re-exported by
-//! [`crate::pickle`]), [`options`] those of rules, charts and options (re-exported by
-//! [`crate::attribute::rules`] and [`crate::chart`]); output errors come from
-//! [`crate::output`], the other ground module.
+//! nothing from the stages above it, nor from the other ground modules but [`crate::units`]
+//! and [`crate::escape`] (which import nothing): [`decode`] holds the pickle reader's errors
+//! (re-exported by [`crate::pickle`]), [`options`] those of rules, charts and options
+//! (re-exported by [`crate::attribute::rules`] and [`crate::chart`]), [`output`] those of
+//! outputs and small inputs (re-exported by [`crate::output`], which imports this module and
+//! not the other way round).
 
 pub mod decode;
 pub mod options;
+pub mod output;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -15,7 +18,7 @@ use std::path::{Path, PathBuf};
 pub use decode::{DecodeError, DecodeErrorKind, FieldError};
 pub use options::{ChartError, RulesError, UsageError};
 
-use crate::output::OutputError;
+pub use output::{OutputError, SmallFileError};
 
 /// A file could not be read, decoded or analysed.
 ///
@@ -47,10 +50,17 @@ impl Error {
     /// file that does not parse, an output path that cannot be written, a `--device` that is
     /// not in the file), as opposed to an input file that cannot be analysed.
     pub fn is_usage(&self) -> bool {
-        matches!(
-            self.kind,
-            ErrorKind::Rules(_) | ErrorKind::Chart(_) | ErrorKind::Usage(_) | ErrorKind::Output(_)
-        )
+        match &self.kind {
+            // the image fits the options; the allowance is what the run lacks, as for a file
+            ErrorKind::Chart(ChartError::Memory { .. }) => false,
+            kind => matches!(
+                kind,
+                ErrorKind::Rules(_)
+                    | ErrorKind::Chart(_)
+                    | ErrorKind::Usage(_)
+                    | ErrorKind::Output(_)
+            ),
+        }
     }
 }
 

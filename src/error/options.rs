@@ -99,6 +99,22 @@ pub enum ChartError {
         /// Largest width or height drawn.
         max_side: u32,
     },
+    /// The image's buffer would take the process past `--max-memory`.
+    #[error(
+        "memory use would pass the limit of {} after decoding: a {width}x{height} PNG needs {} to draw (raise it with --max-memory)",
+        crate::units::bytes(*max),
+        crate::units::bytes(*needed)
+    )]
+    Memory {
+        /// Width asked for.
+        width: u32,
+        /// Height asked for.
+        height: u32,
+        /// Bytes the image's buffer takes.
+        needed: u64,
+        /// The allowance.
+        max: u64,
+    },
     /// Drawing or writing the image failed.
     #[error("cannot draw the chart: {0}")]
     Draw(String),
@@ -188,7 +204,7 @@ fn devices_text(devices: &[u32]) -> String {
     let list: Vec<String> = devices
         .iter()
         .map(|&d| {
-            if d == crate::snapshot::HOST_DEVICE {
+            if d == crate::units::HOST_DEVICE {
                 "host".to_string()
             } else {
                 d.to_string()

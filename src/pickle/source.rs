@@ -265,8 +265,7 @@ impl Read for ReadAhead {
     }
 }
 
-/// The path that names standard input (`memsnap report -`).
-pub const STDIN: &str = "-";
+pub use crate::output::STDIN;
 
 /// Decoding from `raw` (a file or pipe, buffered): its compression recognised, `on_read`
 /// told of each read. A plain input is not read ahead: handing its bytes over from another core

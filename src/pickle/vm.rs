@@ -890,344 +890,452 @@ impl<'a, A: Adopter> Vm<'a, A> {
                 Ok(None) => return Err(self.err(DecodeErrorKind::Truncated { needed: 1 })),
                 Err(e) => return Err(self.read_err(e)),
             };
-            match code {
-                op::PROTO => {
-                    let [v] = self.fixed::<R, 1>(r)?;
-                    if v > 5 {
-                        return Err(self.err(DecodeErrorKind::Protocol(v)));
-                    }
-                    self.protocol = v;
-                }
-                op::FRAME => {
-                    self.fixed::<R, 8>(r)?;
-                }
-                op::STOP => {
-                    if self.part.is_some() {
-                        return Err(self.part_end());
-                    }
-                    return self.pop(code).map(Some);
-                }
-                op::MARK => self.marks.push(self.stack.len()),
-                op::POP => {
-                    if self.marks.last() == Some(&self.stack.len()) {
-                        // Python pops a mark when the stack top is one.
-                        self.marks.pop();
-                    } else {
-                        self.pop(code)?;
-                    }
-                }
-                op::POP_MARK => {
-                    self.pop_mark(code)?;
-                }
-                op::DUP => {
-                    let v = self.top(code)?;
-                    self.push(v)?;
-                }
-                op::NONE => self.push(Value::None)?,
-                op::NEWTRUE => self.push(Value::Bool(true))?,
-                op::NEWFALSE => self.push(Value::Bool(false))?,
-                op::BININT => {
-                    let b = self.fixed::<R, 4>(r)?;
-                    self.push(Value::Int(i32::from_le_bytes(b) as i64))?;
-                }
-                op::BININT1 => {
-                    let [b] = self.fixed::<R, 1>(r)?;
-                    self.push(Value::Int(b as i64))?;
-                }
-                op::BININT2 => {
-                    let b = self.fixed::<R, 2>(r)?;
-                    self.push(Value::Int(u16::from_le_bytes(b) as i64))?;
-                }
-                op::LONG1 => {
-                    let [n] = self.fixed::<R, 1>(r)?;
-                    let bytes = r.take(n as usize).map_err(|e| self.read_err(e))?;
-                    let mut le = [0u8; 255];
-                    le[..n as usize].copy_from_slice(bytes);
-                    self.push_long(&le[..n as usize])?;
-                }
-                op::LONG4 => {
-                    let b = self.fixed::<R, 4>(r)?;
-                    let n = i32::from_le_bytes(b);
-                    if n < 0 {
-                        return Err(self.err(DecodeErrorKind::BadArgument { op: "LONG4" }));
-                    }
-                    if n > 16 {
-                        return Err(self.err(DecodeErrorKind::IntTooWide(n as u64)));
-                    }
-                    let bytes = r.take(n as usize).map_err(|e| self.read_err(e))?;
-                    let mut le = [0u8; 16];
-                    le[..n as usize].copy_from_slice(bytes);
-                    self.push_long(&le[..n as usize])?;
-                }
-                op::INT | op::LONG => {
-                    let text = self.text_arg(r, code)?.to_vec();
-                    let v = self.text_int(code, &text)?;
-                    self.push(v)?;
-                }
-                op::FLOAT => {
-                    let text = self.text_arg(r, code)?;
-                    let v = std::str::from_utf8(text)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<f64>().ok());
-                    match v {
-                        Some(f) => self.push(Value::Float(f))?,
-                        None => return Err(self.err(DecodeErrorKind::BadArgument { op: "FLOAT" })),
-                    }
-                }
-                op::BINFLOAT => {
-                    let b = self.fixed::<R, 8>(r)?;
-                    self.push(Value::Float(f64::from_be_bytes(b)))?;
-                }
-                op::SHORT_BINUNICODE => {
-                    let [n] = self.fixed::<R, 1>(r)?;
-                    let id = {
-                        let s = r.take(n as usize).map_err(|e| self.read_err(e))?;
-                        intern_utf8(&mut self.heap, s)
-                    };
-                    self.push(Value::Str(id))?;
-                }
-                op::BINUNICODE => {
-                    let n = u32::from_le_bytes(self.fixed::<R, 4>(r)?) as u64;
-                    let id = {
-                        let s = self.sized(r, code, n)?;
-                        intern_utf8(&mut self.heap, s)
-                    };
-                    self.push(Value::Str(id))?;
-                }
-                op::BINUNICODE8 => {
-                    let n = u64::from_le_bytes(self.fixed::<R, 8>(r)?);
-                    let id = {
-                        let s = self.sized(r, code, n)?;
-                        intern_utf8(&mut self.heap, s)
-                    };
-                    self.push(Value::Str(id))?;
-                }
-                op::SHORT_BINSTRING => {
-                    let [n] = self.fixed::<R, 1>(r)?;
-                    let text: String = {
-                        let s = r.take(n as usize).map_err(|e| self.read_err(e))?;
-                        s.iter().map(|&b| b as char).collect()
-                    };
-                    let id = self.heap.intern(&text);
-                    self.push(Value::Str(id))?;
-                }
-                op::BINSTRING => {
-                    let n = i32::from_le_bytes(self.fixed::<R, 4>(r)?);
-                    if n < 0 {
-                        return Err(self.err(DecodeErrorKind::BadArgument { op: "BINSTRING" }));
-                    }
-                    let text: String = {
-                        let s = self.sized(r, code, n as u64)?;
-                        s.iter().map(|&b| b as char).collect()
-                    };
-                    let id = self.heap.intern(&text);
-                    self.push(Value::Str(id))?;
-                }
-                op::STRING => {
-                    let line = self.text_arg(r, code)?.to_vec();
-                    let text = unquote_py_string(&line)
-                        .ok_or_else(|| self.err(DecodeErrorKind::BadArgument { op: "STRING" }))?;
-                    let id = self.heap.intern(&text);
-                    self.push(Value::Str(id))?;
-                }
-                op::UNICODE => {
-                    let line = self.text_arg(r, code)?.to_vec();
-                    let text = raw_unicode_unescape(&line);
-                    let id = self.heap.intern(&text);
-                    self.push(Value::Str(id))?;
-                }
-                op::SHORT_BINBYTES => {
-                    let [n] = self.fixed::<R, 1>(r)?;
-                    let v = {
-                        let s = r.take(n as usize).map_err(|e| self.read_err(e))?;
-                        let s = s.to_vec();
-                        self.heap.new_bytes(&s)
-                    };
-                    self.push(v)?;
-                }
-                op::BINBYTES => {
-                    let n = u32::from_le_bytes(self.fixed::<R, 4>(r)?) as u64;
-                    let s = self.sized(r, code, n)?.to_vec();
-                    let v = self.heap.new_bytes(&s);
-                    self.push(v)?;
-                }
-                op::BINBYTES8 | op::BYTEARRAY8 => {
-                    let n = u64::from_le_bytes(self.fixed::<R, 8>(r)?);
-                    let s = self.sized(r, code, n)?.to_vec();
-                    let v = self.heap.new_bytes(&s);
-                    self.push(v)?;
-                }
-                op::EMPTY_LIST | op::EMPTY_SET => {
-                    let id = self.heap.empty_list();
-                    self.push(Value::List(id))?;
-                }
-                op::EMPTY_TUPLE => {
-                    let id = self.heap.new_list(Vec::new());
-                    self.push(Value::Tuple(id))?;
-                }
-                op::EMPTY_DICT => {
-                    let id = self.heap.empty_dict();
-                    self.push(Value::Dict(id))?;
-                }
-                op::LIST | op::FROZENSET => {
-                    let mut items = self.pop_mark(code)?;
-                    self.adopt_all(&mut items)?;
-                    let id = self.heap.new_list(items);
-                    self.push(Value::List(id))?;
-                }
-                op::TUPLE => {
-                    let mut items = self.pop_mark(code)?;
-                    self.adopt_all(&mut items)?;
-                    let id = self.heap.new_list(items);
-                    self.push(Value::Tuple(id))?;
-                }
-                op::TUPLE1 | op::TUPLE2 | op::TUPLE3 => {
-                    let n = (code - op::TUPLE1 + 1) as usize;
-                    let floor = self.marks.last().copied().unwrap_or(0);
-                    if self.stack.len() < floor + n {
-                        return Err(self.err(DecodeErrorKind::StackUnderflow { op: op_name(code) }));
-                    }
-                    let mut items = self.stack.split_off(self.stack.len() - n);
-                    self.adopt_all(&mut items)?;
-                    let id = self.heap.new_list(items);
-                    self.push(Value::Tuple(id))?;
-                }
-                op::DICT => {
-                    let items = self.pop_mark(code)?;
-                    if !items.len().is_multiple_of(2) {
-                        return Err(self.err(DecodeErrorKind::BadArgument { op: "DICT" }));
-                    }
-                    let mut pairs = Vec::with_capacity(items.len() / 2);
-                    for kv in items.chunks_exact(2) {
-                        let v = self.adopt(Some(kv[0]), kv[1])?;
-                        pairs.push((kv[0], v));
-                    }
-                    let id = self.heap.new_dict(pairs);
-                    self.push(Value::Dict(id))?;
-                }
-                op::APPEND => {
-                    if self.part.is_some() && self.stack.len() == 1 && self.marks.is_empty() {
-                        self.append_below(false)?;
-                        self.note_clean(r.offset());
-                        continue;
-                    }
-                    let item = self.pop(code)?;
-                    let target = self.top(code)?;
-                    let item = self.adopt(None, item)?;
-                    self.list_target(code, target)?.push(item);
-                }
-                op::APPENDS if self.part.is_some() && self.marks.last().is_none_or(|&m| m == 0) => {
-                    // to the list below this part's stack
-                    let first = self.marks.pop().is_none();
-                    self.append_below(first)?;
-                    self.note_clean(r.offset());
-                }
-                op::APPENDS | op::ADDITEMS => {
-                    let Some(m) = self.marks.pop() else {
-                        return Err(self.err(DecodeErrorKind::NoMark { op: op_name(code) }));
-                    };
-                    let target = self.below(code, m)?;
-                    self.list_target(code, target)?;
-                    for i in m..self.stack.len() {
-                        let item = self.stack[i];
-                        if is_container(item) {
-                            self.stack[i] = self.adopt(None, item)?;
-                        }
-                    }
-                    let Value::List(r) = target else {
-                        unreachable!("checked")
-                    };
-                    let (stack, heap) = (&mut self.stack, &mut self.heap);
-                    if let Some(list) = heap.list_mut(r) {
-                        list.extend_from_slice(&stack[m..]);
-                    }
-                    stack.truncate(m);
-                }
-                op::SETITEM => {
-                    let v = self.pop(code)?;
-                    let k = self.pop(code)?;
-                    let target = self.top(code)?;
-                    self.dict_target(code, target)?;
-                    let v = self.adopt(Some(k), v)?;
-                    self.dict_target(code, target)?.push((k, v));
-                }
-                op::SETITEMS => {
-                    let Some(m) = self.marks.pop() else {
-                        return Err(self.err(DecodeErrorKind::NoMark { op: op_name(code) }));
-                    };
-                    if !(self.stack.len() - m).is_multiple_of(2) {
-                        return Err(self.err(DecodeErrorKind::BadArgument { op: "SETITEMS" }));
-                    }
-                    let target = self.below(code, m)?;
-                    self.dict_target(code, target)?;
-                    let mut i = m;
-                    while i < self.stack.len() {
-                        let (k, v) = (self.stack[i], self.stack[i + 1]);
-                        if is_container(v) {
-                            self.stack[i + 1] = self.adopt(Some(k), v)?;
-                        }
-                        i += 2;
-                    }
-                    let Value::Dict(r) = target else {
-                        unreachable!("checked")
-                    };
-                    let (stack, heap) = (&mut self.stack, &mut self.heap);
-                    if let Some(dict) = heap.dict_mut(r) {
-                        dict.extend(stack[m..].chunks_exact(2).map(|kv| (kv[0], kv[1])));
-                    }
-                    stack.truncate(m);
-                    self.complete_top()?;
-                }
-                op::MEMOIZE => {
-                    let v = self.top(code)?;
-                    let index = self.memo.len() as u64;
-                    self.memo_put(index, v);
-                }
-                op::BINPUT => {
-                    if self.part.is_some() {
-                        return Err(self.part_end());
-                    }
-                    let [i] = self.fixed::<R, 1>(r)?;
-                    let v = self.top(code)?;
-                    self.memo_put(i as u64, v);
-                }
-                op::LONG_BINPUT => {
-                    if self.part.is_some() {
-                        return Err(self.part_end());
-                    }
-                    let i = u32::from_le_bytes(self.fixed::<R, 4>(r)?);
-                    let v = self.top(code)?;
-                    self.memo_put(i as u64, v);
-                }
-                op::PUT => {
-                    if self.part.is_some() {
-                        return Err(self.part_end());
-                    }
-                    let i = self.text_index(r, code)?;
-                    let v = self.top(code)?;
-                    self.memo_put(i, v);
-                }
-                op::BINGET => {
-                    let [i] = self.fixed::<R, 1>(r)?;
-                    self.memo_get(code, i as u64)?;
-                }
-                op::LONG_BINGET => {
-                    let i = u32::from_le_bytes(self.fixed::<R, 4>(r)?);
-                    self.memo_get(code, i as u64)?;
-                }
-                op::GET => {
-                    let i = self.text_index(r, code)?;
-                    self.memo_get(code, i)?;
-                }
-                op::NEXT_BUFFER | op::READONLY_BUFFER => {
-                    return Err(self.err(DecodeErrorKind::OutOfBand));
-                }
-                c if op::runs_code(c) => {
-                    return Err(self.err(DecodeErrorKind::RunsCode { op: op_name(c) }));
-                }
-                c => return Err(self.err(DecodeErrorKind::UnknownOpcode(c))),
+            if let Some(root) = self.step(r, code)? {
+                return Ok(Some(root));
             }
         }
+    }
+
+    /// Runs one opcode the fast path left (`Some(root)` at `STOP`), by its family.
+    fn step<R: Read>(&mut self, r: &mut Reader<R>, code: u8) -> Result<Option<Value>, DecodeError> {
+        match code {
+            op::PROTO | op::FRAME | op::STOP | op::MARK | op::POP | op::POP_MARK | op::DUP => {
+                return self.control(r, code)
+            }
+            op::NONE
+            | op::NEWTRUE
+            | op::NEWFALSE
+            | op::BININT
+            | op::BININT1
+            | op::BININT2
+            | op::LONG1
+            | op::LONG4
+            | op::INT
+            | op::LONG
+            | op::FLOAT
+            | op::BINFLOAT => self.number(r, code)?,
+            op::SHORT_BINUNICODE
+            | op::BINUNICODE
+            | op::BINUNICODE8
+            | op::SHORT_BINSTRING
+            | op::BINSTRING
+            | op::STRING
+            | op::UNICODE
+            | op::SHORT_BINBYTES
+            | op::BINBYTES
+            | op::BINBYTES8
+            | op::BYTEARRAY8 => self.text(r, code)?,
+            op::EMPTY_LIST
+            | op::EMPTY_SET
+            | op::EMPTY_TUPLE
+            | op::EMPTY_DICT
+            | op::LIST
+            | op::FROZENSET
+            | op::TUPLE
+            | op::TUPLE1
+            | op::TUPLE2
+            | op::TUPLE3
+            | op::DICT => self.build(code)?,
+            op::APPEND | op::APPENDS | op::ADDITEMS | op::SETITEM | op::SETITEMS => {
+                self.fill(r, code)?
+            }
+            op::MEMOIZE
+            | op::BINPUT
+            | op::LONG_BINPUT
+            | op::PUT
+            | op::BINGET
+            | op::LONG_BINGET
+            | op::GET => self.memo(r, code)?,
+            op::NEXT_BUFFER | op::READONLY_BUFFER => {
+                return Err(self.err(DecodeErrorKind::OutOfBand));
+            }
+            c if op::runs_code(c) => {
+                return Err(self.err(DecodeErrorKind::RunsCode { op: op_name(c) }));
+            }
+            c => return Err(self.err(DecodeErrorKind::UnknownOpcode(c))),
+        }
+        Ok(None)
+    }
+
+    /// The protocol, frames, marks and the stack's own opcodes; `STOP` gives the root.
+    fn control<R: Read>(
+        &mut self,
+        r: &mut Reader<R>,
+        code: u8,
+    ) -> Result<Option<Value>, DecodeError> {
+        match code {
+            op::PROTO => {
+                let [v] = self.fixed::<R, 1>(r)?;
+                if v > 5 {
+                    return Err(self.err(DecodeErrorKind::Protocol(v)));
+                }
+                self.protocol = v;
+            }
+            op::FRAME => {
+                self.fixed::<R, 8>(r)?;
+            }
+            op::STOP => {
+                if self.part.is_some() {
+                    return Err(self.part_end());
+                }
+                return self.pop(code).map(Some);
+            }
+            op::MARK => self.marks.push(self.stack.len()),
+            op::POP => {
+                if self.marks.last() == Some(&self.stack.len()) {
+                    // Python pops a mark when the stack top is one.
+                    self.marks.pop();
+                } else {
+                    self.pop(code)?;
+                }
+            }
+            op::POP_MARK => {
+                self.pop_mark(code)?;
+            }
+            op::DUP => {
+                let v = self.top(code)?;
+                self.push(v)?;
+            }
+            _ => unreachable!("an opcode of another family"),
+        }
+        Ok(None)
+    }
+
+    /// None, booleans, integers and floats.
+    fn number<R: Read>(&mut self, r: &mut Reader<R>, code: u8) -> Result<(), DecodeError> {
+        match code {
+            op::NONE => self.push(Value::None)?,
+            op::NEWTRUE => self.push(Value::Bool(true))?,
+            op::NEWFALSE => self.push(Value::Bool(false))?,
+            op::BININT => {
+                let b = self.fixed::<R, 4>(r)?;
+                self.push(Value::Int(i32::from_le_bytes(b) as i64))?;
+            }
+            op::BININT1 => {
+                let [b] = self.fixed::<R, 1>(r)?;
+                self.push(Value::Int(b as i64))?;
+            }
+            op::BININT2 => {
+                let b = self.fixed::<R, 2>(r)?;
+                self.push(Value::Int(u16::from_le_bytes(b) as i64))?;
+            }
+            op::LONG1 => {
+                let [n] = self.fixed::<R, 1>(r)?;
+                let bytes = r.take(n as usize).map_err(|e| self.read_err(e))?;
+                let mut le = [0u8; 255];
+                le[..n as usize].copy_from_slice(bytes);
+                self.push_long(&le[..n as usize])?;
+            }
+            op::LONG4 => {
+                let b = self.fixed::<R, 4>(r)?;
+                let n = i32::from_le_bytes(b);
+                if n < 0 {
+                    return Err(self.err(DecodeErrorKind::BadArgument { op: "LONG4" }));
+                }
+                if n > 16 {
+                    return Err(self.err(DecodeErrorKind::IntTooWide(n as u64)));
+                }
+                let bytes = r.take(n as usize).map_err(|e| self.read_err(e))?;
+                let mut le = [0u8; 16];
+                le[..n as usize].copy_from_slice(bytes);
+                self.push_long(&le[..n as usize])?;
+            }
+            op::INT | op::LONG => {
+                let text = self.text_arg(r, code)?.to_vec();
+                let v = self.text_int(code, &text)?;
+                self.push(v)?;
+            }
+            op::FLOAT => {
+                let text = self.text_arg(r, code)?;
+                let v = std::str::from_utf8(text)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<f64>().ok());
+                match v {
+                    Some(f) => self.push(Value::Float(f))?,
+                    None => return Err(self.err(DecodeErrorKind::BadArgument { op: "FLOAT" })),
+                }
+            }
+            op::BINFLOAT => {
+                let b = self.fixed::<R, 8>(r)?;
+                self.push(Value::Float(f64::from_be_bytes(b)))?;
+            }
+            _ => unreachable!("an opcode of another family"),
+        }
+        Ok(())
+    }
+
+    /// Strings and bytes.
+    fn text<R: Read>(&mut self, r: &mut Reader<R>, code: u8) -> Result<(), DecodeError> {
+        match code {
+            op::SHORT_BINUNICODE => {
+                let [n] = self.fixed::<R, 1>(r)?;
+                let id = {
+                    let s = r.take(n as usize).map_err(|e| self.read_err(e))?;
+                    intern_utf8(&mut self.heap, s)
+                };
+                self.push(Value::Str(id))?;
+            }
+            op::BINUNICODE => {
+                let n = u32::from_le_bytes(self.fixed::<R, 4>(r)?) as u64;
+                let id = {
+                    let s = self.sized(r, code, n)?;
+                    intern_utf8(&mut self.heap, s)
+                };
+                self.push(Value::Str(id))?;
+            }
+            op::BINUNICODE8 => {
+                let n = u64::from_le_bytes(self.fixed::<R, 8>(r)?);
+                let id = {
+                    let s = self.sized(r, code, n)?;
+                    intern_utf8(&mut self.heap, s)
+                };
+                self.push(Value::Str(id))?;
+            }
+            op::SHORT_BINSTRING => {
+                let [n] = self.fixed::<R, 1>(r)?;
+                let text: String = {
+                    let s = r.take(n as usize).map_err(|e| self.read_err(e))?;
+                    s.iter().map(|&b| b as char).collect()
+                };
+                let id = self.heap.intern(&text);
+                self.push(Value::Str(id))?;
+            }
+            op::BINSTRING => {
+                let n = i32::from_le_bytes(self.fixed::<R, 4>(r)?);
+                if n < 0 {
+                    return Err(self.err(DecodeErrorKind::BadArgument { op: "BINSTRING" }));
+                }
+                let text: String = {
+                    let s = self.sized(r, code, n as u64)?;
+                    s.iter().map(|&b| b as char).collect()
+                };
+                let id = self.heap.intern(&text);
+                self.push(Value::Str(id))?;
+            }
+            op::STRING => {
+                let line = self.text_arg(r, code)?.to_vec();
+                let text = unquote_py_string(&line)
+                    .ok_or_else(|| self.err(DecodeErrorKind::BadArgument { op: "STRING" }))?;
+                let id = self.heap.intern(&text);
+                self.push(Value::Str(id))?;
+            }
+            op::UNICODE => {
+                let line = self.text_arg(r, code)?.to_vec();
+                let text = raw_unicode_unescape(&line);
+                let id = self.heap.intern(&text);
+                self.push(Value::Str(id))?;
+            }
+            op::SHORT_BINBYTES => {
+                let [n] = self.fixed::<R, 1>(r)?;
+                let v = {
+                    let s = r.take(n as usize).map_err(|e| self.read_err(e))?;
+                    let s = s.to_vec();
+                    self.heap.new_bytes(&s)
+                };
+                self.push(v)?;
+            }
+            op::BINBYTES => {
+                let n = u32::from_le_bytes(self.fixed::<R, 4>(r)?) as u64;
+                let s = self.sized(r, code, n)?.to_vec();
+                let v = self.heap.new_bytes(&s);
+                self.push(v)?;
+            }
+            op::BINBYTES8 | op::BYTEARRAY8 => {
+                let n = u64::from_le_bytes(self.fixed::<R, 8>(r)?);
+                let s = self.sized(r, code, n)?.to_vec();
+                let v = self.heap.new_bytes(&s);
+                self.push(v)?;
+            }
+            _ => unreachable!("an opcode of another family"),
+        }
+        Ok(())
+    }
+
+    /// New containers: empty ones, and lists, tuples and dicts of what is on the stack.
+    fn build(&mut self, code: u8) -> Result<(), DecodeError> {
+        match code {
+            op::EMPTY_LIST | op::EMPTY_SET => {
+                let id = self.heap.empty_list();
+                self.push(Value::List(id))?;
+            }
+            op::EMPTY_TUPLE => {
+                let id = self.heap.new_list(Vec::new());
+                self.push(Value::Tuple(id))?;
+            }
+            op::EMPTY_DICT => {
+                let id = self.heap.empty_dict();
+                self.push(Value::Dict(id))?;
+            }
+            op::LIST | op::FROZENSET => {
+                let mut items = self.pop_mark(code)?;
+                self.adopt_all(&mut items)?;
+                let id = self.heap.new_list(items);
+                self.push(Value::List(id))?;
+            }
+            op::TUPLE => {
+                let mut items = self.pop_mark(code)?;
+                self.adopt_all(&mut items)?;
+                let id = self.heap.new_list(items);
+                self.push(Value::Tuple(id))?;
+            }
+            op::TUPLE1 | op::TUPLE2 | op::TUPLE3 => {
+                let n = (code - op::TUPLE1 + 1) as usize;
+                let floor = self.marks.last().copied().unwrap_or(0);
+                if self.stack.len() < floor + n {
+                    return Err(self.err(DecodeErrorKind::StackUnderflow { op: op_name(code) }));
+                }
+                let mut items = self.stack.split_off(self.stack.len() - n);
+                self.adopt_all(&mut items)?;
+                let id = self.heap.new_list(items);
+                self.push(Value::Tuple(id))?;
+            }
+            op::DICT => {
+                let items = self.pop_mark(code)?;
+                if !items.len().is_multiple_of(2) {
+                    return Err(self.err(DecodeErrorKind::BadArgument { op: "DICT" }));
+                }
+                let mut pairs = Vec::with_capacity(items.len() / 2);
+                for kv in items.chunks_exact(2) {
+                    let v = self.adopt(Some(kv[0]), kv[1])?;
+                    pairs.push((kv[0], v));
+                }
+                let id = self.heap.new_dict(pairs);
+                self.push(Value::Dict(id))?;
+            }
+            _ => unreachable!("an opcode of another family"),
+        }
+        Ok(())
+    }
+
+    /// Items added to a list or dict already made (in a part of a split decode, to the list
+    /// below the part's stack).
+    fn fill<R: Read>(&mut self, r: &mut Reader<R>, code: u8) -> Result<(), DecodeError> {
+        match code {
+            op::APPEND => {
+                if self.part.is_some() && self.stack.len() == 1 && self.marks.is_empty() {
+                    self.append_below(false)?;
+                    self.note_clean(r.offset());
+                    return Ok(());
+                }
+                let item = self.pop(code)?;
+                let target = self.top(code)?;
+                let item = self.adopt(None, item)?;
+                self.list_target(code, target)?.push(item);
+            }
+            op::APPENDS if self.part.is_some() && self.marks.last().is_none_or(|&m| m == 0) => {
+                // to the list below this part's stack
+                let first = self.marks.pop().is_none();
+                self.append_below(first)?;
+                self.note_clean(r.offset());
+            }
+            op::APPENDS | op::ADDITEMS => {
+                let Some(m) = self.marks.pop() else {
+                    return Err(self.err(DecodeErrorKind::NoMark { op: op_name(code) }));
+                };
+                let target = self.below(code, m)?;
+                self.list_target(code, target)?;
+                for i in m..self.stack.len() {
+                    let item = self.stack[i];
+                    if is_container(item) {
+                        self.stack[i] = self.adopt(None, item)?;
+                    }
+                }
+                let Value::List(r) = target else {
+                    unreachable!("checked")
+                };
+                let (stack, heap) = (&mut self.stack, &mut self.heap);
+                if let Some(list) = heap.list_mut(r) {
+                    list.extend_from_slice(&stack[m..]);
+                }
+                stack.truncate(m);
+            }
+            op::SETITEM => {
+                let v = self.pop(code)?;
+                let k = self.pop(code)?;
+                let target = self.top(code)?;
+                self.dict_target(code, target)?;
+                let v = self.adopt(Some(k), v)?;
+                self.dict_target(code, target)?.push((k, v));
+            }
+            op::SETITEMS => {
+                let Some(m) = self.marks.pop() else {
+                    return Err(self.err(DecodeErrorKind::NoMark { op: op_name(code) }));
+                };
+                if !(self.stack.len() - m).is_multiple_of(2) {
+                    return Err(self.err(DecodeErrorKind::BadArgument { op: "SETITEMS" }));
+                }
+                let target = self.below(code, m)?;
+                self.dict_target(code, target)?;
+                let mut i = m;
+                while i < self.stack.len() {
+                    let (k, v) = (self.stack[i], self.stack[i + 1]);
+                    if is_container(v) {
+                        self.stack[i + 1] = self.adopt(Some(k), v)?;
+                    }
+                    i += 2;
+                }
+                let Value::Dict(r) = target else {
+                    unreachable!("checked")
+                };
+                let (stack, heap) = (&mut self.stack, &mut self.heap);
+                if let Some(dict) = heap.dict_mut(r) {
+                    dict.extend(stack[m..].chunks_exact(2).map(|kv| (kv[0], kv[1])));
+                }
+                stack.truncate(m);
+                self.complete_top()?;
+            }
+            _ => unreachable!("an opcode of another family"),
+        }
+        Ok(())
+    }
+
+    /// The memo: values remembered and taken again.
+    fn memo<R: Read>(&mut self, r: &mut Reader<R>, code: u8) -> Result<(), DecodeError> {
+        match code {
+            op::MEMOIZE => {
+                let v = self.top(code)?;
+                let index = self.memo.len() as u64;
+                self.memo_put(index, v);
+            }
+            op::BINPUT => {
+                if self.part.is_some() {
+                    return Err(self.part_end());
+                }
+                let [i] = self.fixed::<R, 1>(r)?;
+                let v = self.top(code)?;
+                self.memo_put(i as u64, v);
+            }
+            op::LONG_BINPUT => {
+                if self.part.is_some() {
+                    return Err(self.part_end());
+                }
+                let i = u32::from_le_bytes(self.fixed::<R, 4>(r)?);
+                let v = self.top(code)?;
+                self.memo_put(i as u64, v);
+            }
+            op::PUT => {
+                if self.part.is_some() {
+                    return Err(self.part_end());
+                }
+                let i = self.text_index(r, code)?;
+                let v = self.top(code)?;
+                self.memo_put(i, v);
+            }
+            op::BINGET => {
+                let [i] = self.fixed::<R, 1>(r)?;
+                self.memo_get(code, i as u64)?;
+            }
+            op::LONG_BINGET => {
+                let i = u32::from_le_bytes(self.fixed::<R, 4>(r)?);
+                self.memo_get(code, i as u64)?;
+            }
+            op::GET => {
+                let i = self.text_index(r, code)?;
+                self.memo_get(code, i)?;
+            }
+            _ => unreachable!("an opcode of another family"),
+        }
+        Ok(())
     }
 
     /// Decodes one of the opcodes that make up nearly all of a snapshot straight from the

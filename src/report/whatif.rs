@@ -253,11 +253,7 @@ impl ScaleReport {
     ) -> Result<ScaleReport, ScaleError> {
         let mut order: Vec<usize> = (0..samples.len()).collect();
         order.sort_by_key(|&i| samples[i].size);
-        let of = |i: usize| Sample {
-            size: samples[i].size,
-            analysis: samples[i].analysis,
-        };
-        let all: Vec<Sample> = (0..samples.len()).map(of).collect();
+        let all: Vec<Sample> = (0..samples.len()).map(|i| sample(samples, i)).collect();
         let largest = samples[*order.last().expect("one sample")].analysis;
         let (recorded, _) = recorded_conf(largest, options.recorded_conf.as_ref());
         let confs = if options.confs.is_empty() {
@@ -265,154 +261,211 @@ impl ScaleReport {
         } else {
             options.confs.clone()
         };
-        let run = |s: &Scaled, conf: &AllocConf, cap: Option<u64>| {
-            let a = samples[s.base].analysis;
-            let (base_conf, _) = recorded_conf(a, options.recorded_conf.as_ref());
-            let o = Options {
-                conf: conf.clone(),
-                cap,
-                device_total: options.device_total,
-                recorded_addresses: false,
-            };
-            let outcome = simulate::simulate(a.snap, &a.replay, &s.program, &base_conf, &o);
-            (outcome, o, base_conf)
-        };
         // each size predicted, simulated and let go before the next is built
         let mut sizes = Vec::new();
         let mut repeated = false;
         let method = scale::scale(&all, targets, |s| {
-            let base = &samples[s.base];
-            let simulated: Vec<Scenario> = confs
-                .iter()
-                .map(|conf| {
-                    let (mut outcome, o, base_conf) = run(&s, conf, options.cap);
-                    // the per-event series are as long as the predicted stream and nothing
-                    // here draws them: each size holds only its figures
-                    outcome.reserved_after = Vec::new();
-                    outcome.segments = Vec::new();
-                    let min_cap_bytes = options
-                        .min_cap
-                        .then(|| {
-                            let a = base.analysis;
-                            simulate::min_cap(a.snap, &a.replay, &s.program, &base_conf, &o)
-                        })
-                        .flatten();
-                    Scenario {
-                        outcome,
-                        min_cap_bytes,
-                    }
-                })
-                .collect();
-            let growth_per_unit_bytes = (s.size != base.size).then(|| {
-                // the recorded settings without a cap: a row already simulated, or run now
-                let uncapped = simulated
-                    .iter()
-                    .map(|x| &x.outcome)
-                    .find(|o| o.cap_bytes.is_none() && o.alloc_conf == recorded.to_string())
-                    .map(|o| o.peak_allocated_bytes);
-                let free =
-                    uncapped.unwrap_or_else(|| run(&s, &recorded, None).0.peak_allocated_bytes);
-                let recorded_peak = base.analysis.replay.peaks.allocated.bytes;
-                (free as f64 - recorded_peak as f64) / (s.size as f64 - base.size as f64)
-            });
             repeated |= s.repeat.is_some();
-            sizes.push(SizePrediction {
-                size: s.size,
-                base_file: base.file.clone(),
-                base_size: base.size,
-                growth_per_unit_bytes,
-                fits: s.groups,
-                repeat: s.repeat,
-                simulated,
-            });
+            sizes.push(predict_size(samples, options, &confs, &recorded, s));
             Ok(())
         })?;
         let check = (method == Method::Fit && samples.len() >= 3)
-            .then(|| {
-                let held = *order.last().expect("one sample");
-                let rest: Vec<Sample> = order[..order.len() - 1].iter().map(|&i| of(i)).collect();
-                let mut out = None;
-                scale::scale(&rest, &[samples[held].size], |mut s| {
-                    s.base = order[s.base]; // an index into `rest`, which is `order` less the last
-                    let (base_conf, _) =
-                        recorded_conf(samples[s.base].analysis, options.recorded_conf.as_ref());
-                    out = Some(run(&s, &base_conf, None).0);
-                    Ok(())
-                })
-                .ok()?;
-                let out = out?;
-                let h = &samples[held].analysis.replay.peaks;
-                Some(ScaleCheck {
-                    size: samples[held].size,
-                    from_sizes: rest.iter().map(|r| r.size).collect(),
-                    predicted_peak_allocated_bytes: out.peak_allocated_bytes,
-                    recorded_peak_allocated_bytes: h.allocated.bytes,
-                    predicted_peak_reserved_bytes: out.peak_reserved_bytes,
-                    recorded_peak_reserved_bytes: h.reserved.bytes,
-                })
-            })
+            .then(|| hold_out_the_largest(samples, &order, options))
             .flatten();
-        let mut assumptions = Vec::new();
-        match method {
-            Method::Categories => assumptions.push(
-                "one snapshot: activations, temporaries and inputs grow in proportion to the \
-                 size, everything else stays as recorded (the weaker estimate: give a second \
-                 snapshot at another size to fit each request)"
-                    .to_string(),
-            ),
-            Method::Schedule => assumptions.push(
-                "one DualPipeV rank, the size its number of micro-batches: each micro-batch more \
-                 is one more iteration of the main loop (step 4), repeated from the snapshot; \
-                 the batch's inputs grow in proportion, everything else is as recorded"
-                    .to_string(),
-            ),
-            Method::Fit => assumptions.push(
-                "every snapshot is the same program with one size changed: requests are aligned \
-                 by call site and each is fitted by the simplest exact form"
-                    .to_string(),
-            ),
-        }
-        if method == Method::Fit && repeated {
-            assumptions.push(
-                "the request stream grows with the size: the requests the largest snapshot has \
-                 and the next one lacks are repeated; sizes that differ without an exact form \
-                 are kept as the largest snapshot has them"
-                    .to_string(),
-            );
-        }
-        if let Some(i) = order
-            .iter()
-            .find(|&&i| !samples[i].analysis.replay.ooms.is_empty())
-        {
-            assumptions.push(format!(
-                "the run at size {} ended in an out-of-memory error: only what it asked for \
-                 before the failed request is predicted",
-                samples[*i].size
-            ));
-        }
-        let inputs = order
-            .iter()
-            .map(|&i| {
-                let s = &samples[i];
-                let r = &s.analysis.replay;
-                ScaleInput {
-                    file: s.file.clone(),
-                    size: s.size,
-                    device: r.device,
-                    events: r.len(),
-                    peak_allocated_bytes: r.peaks.allocated.bytes,
-                    peak_reserved_bytes: r.peaks.reserved.bytes,
-                    oom: !r.ooms.is_empty(),
-                }
-            })
-            .collect();
         Ok(ScaleReport {
             method,
-            inputs,
+            inputs: inputs(samples, &order),
             recorded_alloc_conf: recorded.to_string(),
-            assumptions,
+            assumptions: assumptions(samples, &order, method, repeated),
             sizes,
             check,
         })
     }
+}
+
+/// Sample `i` as the scaling reads it.
+fn sample<'a, 's>(samples: &[ScaleSample<'a, 's>], i: usize) -> Sample<'a, 's> {
+    Sample {
+        size: samples[i].size,
+        analysis: samples[i].analysis,
+    }
+}
+
+/// The program `s` predicts, simulated under `conf` and `cap` from its base sample's recording:
+/// the outcome, the options simulated and the base's recorded settings.
+fn run_scaled(
+    samples: &[ScaleSample],
+    options: &WhatIfOptions,
+    s: &Scaled,
+    conf: &AllocConf,
+    cap: Option<u64>,
+) -> (Outcome, Options, AllocConf) {
+    let a = samples[s.base].analysis;
+    let (base_conf, _) = recorded_conf(a, options.recorded_conf.as_ref());
+    let o = Options {
+        conf: conf.clone(),
+        cap,
+        device_total: options.device_total,
+        recorded_addresses: false,
+    };
+    let outcome = simulate::simulate(a.snap, &a.replay, &s.program, &base_conf, &o);
+    (outcome, o, base_conf)
+}
+
+/// One predicted size: each of `confs` simulated (with its smallest cap when asked), and the
+/// growth per unit of size from the base sample under the recorded settings.
+fn predict_size(
+    samples: &[ScaleSample],
+    options: &WhatIfOptions,
+    confs: &[AllocConf],
+    recorded: &AllocConf,
+    s: Scaled,
+) -> SizePrediction {
+    let base = &samples[s.base];
+    let simulated: Vec<Scenario> = confs
+        .iter()
+        .map(|conf| {
+            let (mut outcome, o, base_conf) = run_scaled(samples, options, &s, conf, options.cap);
+            // the per-event series are as long as the predicted stream and nothing here draws
+            // them: each size holds only its figures
+            outcome.reserved_after = Vec::new();
+            outcome.segments = Vec::new();
+            let min_cap_bytes = options
+                .min_cap
+                .then(|| {
+                    let a = base.analysis;
+                    simulate::min_cap(a.snap, &a.replay, &s.program, &base_conf, &o)
+                })
+                .flatten();
+            Scenario {
+                outcome,
+                min_cap_bytes,
+            }
+        })
+        .collect();
+    let growth_per_unit_bytes = (s.size != base.size).then(|| {
+        // the recorded settings without a cap: a row already simulated, or run now
+        let uncapped = simulated
+            .iter()
+            .map(|x| &x.outcome)
+            .find(|o| o.cap_bytes.is_none() && o.alloc_conf == recorded.to_string())
+            .map(|o| o.peak_allocated_bytes);
+        let free = uncapped.unwrap_or_else(|| {
+            run_scaled(samples, options, &s, recorded, None)
+                .0
+                .peak_allocated_bytes
+        });
+        let recorded_peak = base.analysis.replay.peaks.allocated.bytes;
+        (free as f64 - recorded_peak as f64) / (s.size as f64 - base.size as f64)
+    });
+    SizePrediction {
+        size: s.size,
+        base_file: base.file.clone(),
+        base_size: base.size,
+        growth_per_unit_bytes,
+        fits: s.groups,
+        repeat: s.repeat,
+        simulated,
+    }
+}
+
+/// The largest sample predicted from the others and set beside what it recorded.
+fn hold_out_the_largest(
+    samples: &[ScaleSample],
+    order: &[usize],
+    options: &WhatIfOptions,
+) -> Option<ScaleCheck> {
+    let held = *order.last().expect("one sample");
+    let rest: Vec<Sample> = order[..order.len() - 1]
+        .iter()
+        .map(|&i| sample(samples, i))
+        .collect();
+    let mut out = None;
+    scale::scale(&rest, &[samples[held].size], |mut s| {
+        s.base = order[s.base]; // an index into `rest`, which is `order` less the last
+        let (base_conf, _) =
+            recorded_conf(samples[s.base].analysis, options.recorded_conf.as_ref());
+        out = Some(run_scaled(samples, options, &s, &base_conf, None).0);
+        Ok(())
+    })
+    .ok()?;
+    let out = out?;
+    let h = &samples[held].analysis.replay.peaks;
+    Some(ScaleCheck {
+        size: samples[held].size,
+        from_sizes: rest.iter().map(|r| r.size).collect(),
+        predicted_peak_allocated_bytes: out.peak_allocated_bytes,
+        recorded_peak_allocated_bytes: h.allocated.bytes,
+        predicted_peak_reserved_bytes: out.peak_reserved_bytes,
+        recorded_peak_reserved_bytes: h.reserved.bytes,
+    })
+}
+
+/// What the prediction assumes, in words: the method's, the repeated stream's, and a run cut
+/// short by an out-of-memory error.
+fn assumptions(
+    samples: &[ScaleSample],
+    order: &[usize],
+    method: Method,
+    repeated: bool,
+) -> Vec<String> {
+    let mut assumptions = Vec::new();
+    match method {
+        Method::Categories => assumptions.push(
+            "one snapshot: activations, temporaries and inputs grow in proportion to the \
+             size, everything else stays as recorded (the weaker estimate: give a second \
+             snapshot at another size to fit each request)"
+                .to_string(),
+        ),
+        Method::Schedule => assumptions.push(
+            "one DualPipeV rank, the size its number of micro-batches: each micro-batch more \
+             is one more iteration of the main loop (step 4), repeated from the snapshot; \
+             the batch's inputs grow in proportion, everything else is as recorded"
+                .to_string(),
+        ),
+        Method::Fit => assumptions.push(
+            "every snapshot is the same program with one size changed: requests are aligned \
+             by call site and each is fitted by the simplest exact form"
+                .to_string(),
+        ),
+    }
+    if method == Method::Fit && repeated {
+        assumptions.push(
+            "the request stream grows with the size: the requests the largest snapshot has \
+             and the next one lacks are repeated; sizes that differ without an exact form \
+             are kept as the largest snapshot has them"
+                .to_string(),
+        );
+    }
+    if let Some(i) = order
+        .iter()
+        .find(|&&i| !samples[i].analysis.replay.ooms.is_empty())
+    {
+        assumptions.push(format!(
+            "the run at size {} ended in an out-of-memory error: only what it asked for \
+             before the failed request is predicted",
+            samples[*i].size
+        ));
+    }
+    assumptions
+}
+
+/// The snapshots, smallest size first.
+fn inputs(samples: &[ScaleSample], order: &[usize]) -> Vec<ScaleInput> {
+    order
+        .iter()
+        .map(|&i| {
+            let s = &samples[i];
+            let r = &s.analysis.replay;
+            ScaleInput {
+                file: s.file.clone(),
+                size: s.size,
+                device: r.device,
+                events: r.len(),
+                peak_allocated_bytes: r.peaks.allocated.bytes,
+                peak_reserved_bytes: r.peaks.reserved.bytes,
+                oom: !r.ooms.is_empty(),
+            }
+        })
+        .collect()
 }

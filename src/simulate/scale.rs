@@ -706,64 +706,169 @@ pub fn scale(
     targets: &[u64],
     mut each: impl FnMut(Scaled) -> Result<(), ScaleError>,
 ) -> Result<Method, ScaleError> {
-    let programs: Vec<Program> = samples
-        .iter()
-        .map(|s| Program::new(s.analysis.snap, &s.analysis.replay))
-        .collect();
-    let reqs: Vec<Vec<Req>> = samples
-        .iter()
-        .zip(&programs)
-        .map(|(s, p)| requests(s.analysis, p))
-        .collect();
-    let mut order: Vec<usize> = (0..samples.len()).collect();
-    order.sort_by_key(|&i| samples[i].size);
-    // one pipeline rank whose size is its number of micro-batches: the schedule says how
-    // its stream grows
-    let schedule = match samples {
-        [one] => schedule_window(one, &programs[0], &reqs[0])?,
-        _ => None,
-    };
-    let method = match (samples.len(), &schedule) {
-        (1, Some(_)) => Method::Schedule,
-        (1, None) => Method::Categories,
-        _ => Method::Fit,
-    };
-    let largest = *order.last().expect("at least one sample");
-    // does the stream grow with the size? (the two largest snapshots say)
-    let growing = (samples.len() >= 2).then(|| {
-        let small = order[order.len() - 2];
-        let (nb, na) = (reqs[largest].len() as f64, reqs[small].len() as f64);
-        let (xb, xa) = (samples[largest].size as f64, samples[small].size as f64);
-        let per_unit = (nb - na) / (xb - xa);
-        let relative = ((nb - na) / na.max(1.0)) / ((xb - xa) / xa);
-        (relative >= GROWING_STREAM).then_some((small, per_unit))
-    });
-    let growing = growing.flatten();
+    let p = Prepared::new(samples)?;
     for &target in targets {
-        let base = match (growing, &schedule) {
-            (None, Some((w, _))) if target < samples[0].size => {
-                return Err(ScaleError::Shrink {
-                    target,
-                    largest: samples[0].size,
-                    per_unit: (w.end - w.first) as f64,
-                })
-            }
+        each(p.scaled(samples, target)?)?;
+    }
+    Ok(p.method)
+}
+
+/// What every size is predicted from: each sample's program and requests, how the stream
+/// grows, and the method.
+struct Prepared {
+    programs: Vec<Program>,
+    reqs: Vec<Vec<Req>>,
+    /// Sample indices, smallest size first.
+    order: Vec<usize>,
+    /// One pipeline rank's schedule: the window of one micro-batch, and the lives that run to
+    /// the end.
+    schedule: Option<(Window, Vec<bool>)>,
+    method: Method,
+    largest: usize,
+    /// When the stream grows with the size: the next smaller sample and requests per unit.
+    growing: Option<(usize, f64)>,
+}
+
+/// The run repeated to grow a stream (none when no run fits), its copies, and the requests per
+/// unit of size.
+type RepeatPlan = (Option<Window>, usize, f64);
+
+/// The samples aligned with one base: the others, and each one's request for each of the
+/// base's.
+struct Aligned {
+    base: usize,
+    others: Vec<usize>,
+    maps: Vec<Vec<Option<usize>>>,
+}
+
+impl Aligned {
+    /// The map of sample `o` (one of `others`).
+    fn map_of(&self, o: usize) -> &[Option<usize>] {
+        let k = self
+            .others
+            .iter()
+            .position(|&x| x == o)
+            .expect("the smaller sample");
+        &self.maps[k]
+    }
+}
+
+impl Prepared {
+    fn new(samples: &[Sample]) -> Result<Prepared, ScaleError> {
+        let programs: Vec<Program> = samples
+            .iter()
+            .map(|s| Program::new(s.analysis.snap, &s.analysis.replay))
+            .collect();
+        let reqs: Vec<Vec<Req>> = samples
+            .iter()
+            .zip(&programs)
+            .map(|(s, p)| requests(s.analysis, p))
+            .collect();
+        let mut order: Vec<usize> = (0..samples.len()).collect();
+        order.sort_by_key(|&i| samples[i].size);
+        // one pipeline rank whose size is its number of micro-batches: the schedule says how
+        // its stream grows
+        let schedule = match samples {
+            [one] => schedule_window(one, &programs[0], &reqs[0])?,
+            _ => None,
+        };
+        let method = match (samples.len(), &schedule) {
+            (1, Some(_)) => Method::Schedule,
+            (1, None) => Method::Categories,
+            _ => Method::Fit,
+        };
+        let largest = *order.last().expect("at least one sample");
+        // does the stream grow with the size? (the two largest snapshots say)
+        let growing = (samples.len() >= 2).then(|| {
+            let small = order[order.len() - 2];
+            let (nb, na) = (reqs[largest].len() as f64, reqs[small].len() as f64);
+            let (xb, xa) = (samples[largest].size as f64, samples[small].size as f64);
+            let per_unit = (nb - na) / (xb - xa);
+            let relative = ((nb - na) / na.max(1.0)) / ((xb - xa) / xa);
+            (relative >= GROWING_STREAM).then_some((small, per_unit))
+        });
+        Ok(Prepared {
+            programs,
+            reqs,
+            order,
+            schedule,
+            method,
+            largest,
+            growing: growing.flatten(),
+        })
+    }
+
+    /// The program at size `target`.
+    fn scaled(&self, samples: &[Sample], target: u64) -> Result<Scaled, ScaleError> {
+        let base = self.base_for(samples, target)?;
+        let aligned = self.align_with(samples, base)?;
+        let unit = samples[self.largest].size as f64;
+        let fits = self.fits(samples, &aligned, unit);
+        let u = target as f64 / unit;
+        let to_end = self.lives_to_end(&aligned);
+        let repeat_plan = self.repeat_plan(samples, &aligned, target)?;
+        let (program, reqs) = (&self.programs[base], &self.reqs[base]);
+        let built = build(
+            program,
+            reqs,
+            &fits,
+            u,
+            repeat_plan.and_then(|(w, copies, _)| w.map(|w| (w.first, w.end, copies))),
+            &to_end,
+        )
+        .map_err(|(needed, allowance)| ScaleError::Memory {
+            target,
+            needed,
+            allowance,
+        })?;
+        let groups = groups(program, samples[base].analysis, reqs, &fits, u);
+        let added = built.allocations - reqs.len();
+        Ok(Scaled {
+            program: built.program,
+            size: target,
+            base,
+            groups,
+            repeat: repeat_plan.map(|(window, _, per_unit)| Repeat {
+                requests_per_unit: per_unit,
+                run_requests: window.map_or(0, |w| w.end - w.first),
+                added_requests: added,
+                unsteady_frees: window.map_or(0, |w| w.unsteady),
+            }),
+        })
+    }
+
+    /// The sample a size is built from: the largest when the stream grows (no smaller size
+    /// than it), else the nearest in size (the larger of two as near).
+    fn base_for(&self, samples: &[Sample], target: u64) -> Result<usize, ScaleError> {
+        match (self.growing, &self.schedule) {
+            (None, Some((w, _))) if target < samples[0].size => Err(ScaleError::Shrink {
+                target,
+                largest: samples[0].size,
+                per_unit: (w.end - w.first) as f64,
+            }),
             (Some((_, per_unit)), _) => {
-                if target < samples[largest].size {
+                if target < samples[self.largest].size {
                     return Err(ScaleError::Shrink {
                         target,
-                        largest: samples[largest].size,
+                        largest: samples[self.largest].size,
                         per_unit,
                     });
                 }
-                largest
+                Ok(self.largest)
             }
-            (None, _) => *order
+            (None, _) => Ok(*self
+                .order
                 .iter()
                 .min_by_key(|&&i| (samples[i].size.abs_diff(target), u64::MAX - samples[i].size))
-                .expect("at least one sample"),
-        };
-        let others: Vec<usize> = order.iter().copied().filter(|&i| i != base).collect();
+                .expect("at least one sample")),
+        }
+    }
+
+    /// Every other sample's requests aligned with the base's; samples that share less than
+    /// half their requests are not one program.
+    fn align_with(&self, samples: &[Sample], base: usize) -> Result<Aligned, ScaleError> {
+        let reqs = &self.reqs;
+        let others: Vec<usize> = self.order.iter().copied().filter(|&i| i != base).collect();
         let maps: Vec<Vec<Option<usize>>> = others
             .iter()
             .map(|&o| align(&reqs[base], &reqs[o]))
@@ -780,16 +885,22 @@ pub fn scale(
                 });
             }
         }
-        let unit = samples[largest].size as f64;
-        let fits: Vec<Fit> = match method {
+        Ok(Aligned { base, others, maps })
+    }
+
+    /// Each base request's size as a function of the size: by category for one snapshot,
+    /// fitted through the aligned requests for several.
+    fn fits(&self, samples: &[Sample], aligned: &Aligned, unit: f64) -> Vec<Fit> {
+        let base = aligned.base;
+        let reqs = &self.reqs[base];
+        match self.method {
             Method::Categories | Method::Schedule => {
                 let a = samples[base].analysis;
-                reqs[base]
-                    .iter()
+                reqs.iter()
                     .map(|r| {
-                        let event = programs[base].ops[r.op].0;
+                        let event = self.programs[base].ops[r.op].0;
                         let category = a.attribution.labels[event].category;
-                        let scales = if method == Method::Schedule {
+                        let scales = if self.method == Method::Schedule {
                             category == Category::Input
                         } else {
                             matches!(
@@ -813,53 +924,58 @@ pub fn scale(
                     })
                     .collect()
             }
-            Method::Fit => (0..reqs[base].len())
+            Method::Fit => (0..reqs.len())
                 .map(|i| {
-                    let mut points = vec![(samples[base].size, reqs[base][i].bytes)];
-                    for (k, &o) in others.iter().enumerate() {
-                        if let Some(j) = maps[k][i] {
-                            points.push((samples[o].size, reqs[o][j].bytes));
+                    let mut points = vec![(samples[base].size, reqs[i].bytes)];
+                    for (k, &o) in aligned.others.iter().enumerate() {
+                        if let Some(j) = aligned.maps[k][i] {
+                            points.push((samples[o].size, self.reqs[o][j].bytes));
                         }
                     }
-                    fit(&points, unit, growing.is_some())
+                    fit(&points, unit, self.growing.is_some())
                 })
                 .collect(),
-        };
-        let u = target as f64 / unit;
-        let to_end = match growing {
-            Some((small, _)) => {
-                let k = others
-                    .iter()
-                    .position(|&o| o == small)
-                    .expect("the smaller sample");
-                grown_lives(
-                    (&programs[base], &reqs[base]),
-                    (&programs[small], &reqs[small]),
-                    &maps[k],
-                )
-            }
-            None => match &schedule {
+        }
+    }
+
+    /// Which base requests live to the end of the trace when the stream is grown.
+    fn lives_to_end(&self, aligned: &Aligned) -> Vec<bool> {
+        let base = aligned.base;
+        match self.growing {
+            Some((small, _)) => grown_lives(
+                (&self.programs[base], &self.reqs[base]),
+                (&self.programs[small], &self.reqs[small]),
+                aligned.map_of(small),
+            ),
+            None => match &self.schedule {
                 Some((_, to_end)) => to_end.clone(),
-                None => vec![false; reqs[base].len()],
+                None => vec![false; self.reqs[base].len()],
             },
-        };
-        let repeat_plan = match &schedule {
+        }
+    }
+
+    /// The run of requests repeated to grow the stream, how many copies, and the requests
+    /// per unit of size; refused when the copies would add more than [`MAX_ADDED_OPS`].
+    fn repeat_plan(
+        &self,
+        samples: &[Sample],
+        aligned: &Aligned,
+        target: u64,
+    ) -> Result<Option<RepeatPlan>, ScaleError> {
+        let base = aligned.base;
+        let plan = match &self.schedule {
             Some((w, _)) => Some((
                 Some(*w),
                 (target - samples[base].size) as usize,
                 (w.end - w.first) as f64,
             )),
-            None => growing.map(|(small, per_unit)| {
-                let k = others
-                    .iter()
-                    .position(|&o| o == small)
-                    .expect("the smaller sample");
+            None => self.growing.map(|(small, per_unit)| {
                 let units = samples[base].size - samples[small].size;
                 let window = repeat_window(
-                    &programs[base],
-                    &reqs[base],
-                    &reqs[small],
-                    &maps[k],
+                    &self.programs[base],
+                    &self.reqs[base],
+                    &self.reqs[small],
+                    aligned.map_of(small),
                     units,
                     per_unit,
                 );
@@ -875,10 +991,11 @@ pub fn scale(
                 (window, copies, per_unit)
             }),
         };
-        if let Some((Some(w), copies, _)) = repeat_plan {
-            let n_ops = programs[base].ops.len();
-            let end = reqs[base].get(w.end).map_or(n_ops, |r| r.op);
-            let ops = (end - reqs[base][w.first].op) as u128 * copies as u128;
+        if let Some((Some(w), copies, _)) = plan {
+            let reqs = &self.reqs[base];
+            let n_ops = self.programs[base].ops.len();
+            let end = reqs.get(w.end).map_or(n_ops, |r| r.op);
+            let ops = (end - reqs[w.first].op) as u128 * copies as u128;
             if ops > MAX_ADDED_OPS as u128 {
                 return Err(ScaleError::TooLarge {
                     target,
@@ -887,41 +1004,8 @@ pub fn scale(
                 });
             }
         }
-        let built = build(
-            &programs[base],
-            &reqs[base],
-            &fits,
-            u,
-            repeat_plan.and_then(|(w, copies, _)| w.map(|w| (w.first, w.end, copies))),
-            &to_end,
-        )
-        .map_err(|(needed, allowance)| ScaleError::Memory {
-            target,
-            needed,
-            allowance,
-        })?;
-        let groups = groups(
-            &programs[base],
-            samples[base].analysis,
-            &reqs[base],
-            &fits,
-            u,
-        );
-        let added = built.allocations - reqs[base].len();
-        each(Scaled {
-            program: built.program,
-            size: target,
-            base,
-            groups,
-            repeat: repeat_plan.map(|(window, _, per_unit)| Repeat {
-                requests_per_unit: per_unit,
-                run_requests: window.map_or(0, |w| w.end - w.first),
-                added_requests: added,
-                unsteady_frees: window.map_or(0, |w| w.unsteady),
-            }),
-        })?;
+        Ok(plan)
     }
-    Ok(method)
 }
 
 /// Requests alive at the base's allocated peak, by form.

@@ -494,6 +494,64 @@ pub fn flat_agrees(pickle_bytes: &[u8]) -> Result<u64, String> {
     }
 }
 
+/// The snapshot's top-level fields, found in the decoded root.
+struct Fields {
+    segments: Option<Value>,
+    traces: Option<Value>,
+    settings: Option<Value>,
+    annotations: Option<Value>,
+    host_segments: Option<Value>,
+    host_traces: Option<Value>,
+    /// The root is a bare list of segments (`torch.cuda.memory_snapshot()`).
+    segments_only: bool,
+}
+
+impl Fields {
+    /// The fields of `root`: a dict with `segments` or `device_traces`, or a list of segments.
+    fn of(heap: &Heap, root: Value) -> Result<Fields, ErrorKind> {
+        match root {
+            Value::Dict(d) => {
+                let get = |name: &str| heap.lookup(name).and_then(|k| heap.dict_get(d, k));
+                let (segments, traces) = (get("segments"), get("device_traces"));
+                if segments.is_none() && traces.is_none() {
+                    let keys: Vec<String> = heap
+                        .dict(d)
+                        .iter()
+                        .take(5)
+                        .map(|&(k, _)| heap.render(k, 0))
+                        .collect();
+                    return Err(ErrorKind::NotASnapshot(format!(
+                        "a dict without 'segments' or 'device_traces' (keys: {})",
+                        keys.join(", ")
+                    )));
+                }
+                Ok(Fields {
+                    segments,
+                    traces,
+                    settings: get("allocator_settings"),
+                    annotations: get("external_annotations"),
+                    host_segments: get("host_segments"),
+                    host_traces: get("host_traces"),
+                    segments_only: false,
+                })
+            }
+            Value::List(_) => Ok(Fields {
+                segments: Some(root),
+                traces: None,
+                settings: None,
+                annotations: None,
+                host_segments: None,
+                host_traces: None,
+                segments_only: true,
+            }),
+            other => Err(ErrorKind::NotASnapshot(format!(
+                "the pickle holds {}, not a dict with 'segments' and 'device_traces'",
+                describe(other)
+            ))),
+        }
+    }
+}
+
 /// Builds a snapshot from a decoded pickle whose entries `compactor` has already compacted.
 pub(crate) fn assemble(
     mut decoded: Decoded,
@@ -501,79 +559,86 @@ pub(crate) fn assemble(
 ) -> Result<Snapshot, ErrorKind> {
     let heap = &decoded.heap;
     let mut snap = Snapshot::default();
-    let mut host = (None, None);
-    let (segments, traces, settings, annotations, segments_only) = match decoded.root {
-        Value::Dict(d) => {
-            let get = |name: &str| heap.lookup(name).and_then(|k| heap.dict_get(d, k));
-            host = (get("host_segments"), get("host_traces"));
-            let segments = get("segments");
-            let traces = get("device_traces");
-            if segments.is_none() && traces.is_none() {
-                let keys: Vec<String> = heap
-                    .dict(d)
-                    .iter()
-                    .take(5)
-                    .map(|&(k, _)| heap.render(k, 0))
-                    .collect();
-                return Err(ErrorKind::NotASnapshot(format!(
-                    "a dict without 'segments' or 'device_traces' (keys: {})",
-                    keys.join(", ")
-                )));
-            }
-            (
-                segments,
-                traces,
-                get("allocator_settings"),
-                get("external_annotations"),
-                false,
-            )
-        }
-        Value::List(_) => (Some(decoded.root), None, None, None, true),
-        other => {
-            return Err(ErrorKind::NotASnapshot(format!(
-                "the pickle holds {}, not a dict with 'segments' and 'device_traces'",
-                describe(other)
-            )))
-        }
-    };
-    let invalid = ErrorKind::Invalid;
+    let fields = Fields::of(heap, decoded.root)?;
     let mut reader = Reader {
         heap,
         compactor: &mut compactor,
         seen: Default::default(),
     };
-    if let Some(v) = segments {
-        let items = reader.list_items(v, "segments").map_err(invalid)?.to_vec();
-        if segments_only {
-            if let Some(&first) = items.first() {
-                if !matches!(first, Value::Dict(_)) {
-                    return Err(ErrorKind::NotASnapshot(format!(
-                        "a list of {}, not a list of segments",
-                        describe(first)
-                    )));
-                }
-            }
-        }
-        let mut per_device: rustc_hash::FxHashMap<u32, u64> = Default::default();
+    if let Some(v) = fields.segments {
+        snap.segments = read_segments(&mut reader, v, fields.segments_only)?;
+    }
+    read_annotations_and_settings(&mut reader, &fields, &mut snap)?;
+    if let Some(v) = fields.host_segments {
+        let items = reader
+            .list_items(v, "host_segments")
+            .map_err(ErrorKind::Invalid)?
+            .to_vec();
         for (i, s) in items.into_iter().enumerate() {
-            let seg = reader.segment(s, i, false).map_err(invalid)?;
-            let blocks = seg
-                .blocks
-                .iter()
-                .fold(0u64, |sum, b| sum.saturating_add(b.size));
-            let total = per_device.entry(seg.device).or_default();
-            *total = total.saturating_add(seg.total_size.max(blocks));
-            if *total > MAX_REAL_TOTAL {
-                return Err(invalid(FieldError::new(
-                    format!("segments[..={i}]"),
-                    format!("more than 2^52 bytes on device {}", seg.device),
-                    "what a GPU can hold",
-                )));
-            }
-            snap.segments.push(seg);
+            snap.segments
+                .push(reader.segment(s, i, true).map_err(ErrorKind::Invalid)?);
         }
     }
-    if let Some(v) = annotations {
+    if fields.traces.is_some() || fields.host_traces.is_some() {
+        snap.traces = read_traces(&mut reader, &fields)?;
+    }
+    finish(
+        &mut snap,
+        &mut decoded,
+        &mut compactor,
+        fields.segments_only,
+    );
+    Ok(snap)
+}
+
+/// The segments, their blocks, and at most 2^52 bytes on a device.
+fn read_segments(
+    reader: &mut Reader,
+    v: Value,
+    segments_only: bool,
+) -> Result<Vec<Segment>, ErrorKind> {
+    let invalid = ErrorKind::Invalid;
+    let items = reader.list_items(v, "segments").map_err(invalid)?.to_vec();
+    if segments_only {
+        if let Some(&first) = items.first() {
+            if !matches!(first, Value::Dict(_)) {
+                return Err(ErrorKind::NotASnapshot(format!(
+                    "a list of {}, not a list of segments",
+                    describe(first)
+                )));
+            }
+        }
+    }
+    let mut segments = Vec::new();
+    let mut per_device: rustc_hash::FxHashMap<u32, u64> = Default::default();
+    for (i, s) in items.into_iter().enumerate() {
+        let seg = reader.segment(s, i, false).map_err(invalid)?;
+        let blocks = seg
+            .blocks
+            .iter()
+            .fold(0u64, |sum, b| sum.saturating_add(b.size));
+        let total = per_device.entry(seg.device).or_default();
+        *total = total.saturating_add(seg.total_size.max(blocks));
+        if *total > MAX_REAL_TOTAL {
+            return Err(invalid(FieldError::new(
+                format!("segments[..={i}]"),
+                format!("more than 2^52 bytes on device {}", seg.device),
+                "what a GPU can hold",
+            )));
+        }
+        segments.push(seg);
+    }
+    Ok(segments)
+}
+
+/// `external_annotations` and `allocator_settings`.
+fn read_annotations_and_settings(
+    reader: &mut Reader,
+    fields: &Fields,
+    snap: &mut Snapshot,
+) -> Result<(), ErrorKind> {
+    let invalid = ErrorKind::Invalid;
+    if let Some(v) = fields.annotations {
         let items = reader
             .list_items(v, "external_annotations")
             .map_err(invalid)?
@@ -583,22 +648,18 @@ pub(crate) fn assemble(
                 .push(reader.annotation(a, i).map_err(invalid)?);
         }
     }
-    if let Some(v) = settings {
+    if let Some(v) = fields.settings {
         if v != Value::None {
             snap.settings = Some(reader.settings(v).map_err(invalid)?);
         }
     }
-    if let Some(v) = host.0 {
-        let items = reader
-            .list_items(v, "host_segments")
-            .map_err(invalid)?
-            .to_vec();
-        for (i, s) in items.into_iter().enumerate() {
-            snap.segments
-                .push(reader.segment(s, i, true).map_err(invalid)?);
-        }
-    }
-    let mut lists = match traces {
+    Ok(())
+}
+
+/// The trace of each device, and pinned host memory's as device [`HOST_DEVICE`].
+fn read_traces(reader: &mut Reader, fields: &Fields) -> Result<Vec<Vec<TraceEvent>>, ErrorKind> {
+    let invalid = ErrorKind::Invalid;
+    let mut lists = match fields.traces {
         Some(v) => reader
             .list_items(v, "device_traces")
             .map_err(invalid)?
@@ -606,7 +667,7 @@ pub(crate) fn assemble(
         None => Vec::new(),
     };
     let devices = lists.len();
-    if let Some(v) = host.1 {
+    if let Some(v) = fields.host_traces {
         // one list of entries (or, read as well, one list of entries per list)
         let items = reader
             .list_items(v, "host_traces")
@@ -629,15 +690,22 @@ pub(crate) fn assemble(
             )));
         }
     }
-    if traces.is_some() || host.1.is_some() {
-        let mut all = take_traces(heap, &mut compactor, &lists).map_err(invalid)?;
-        if all.len() > devices {
-            let host_trace: Vec<TraceEvent> = all.drain(devices..).flatten().collect();
-            all.resize_with(HOST_DEVICE as usize + 1, Vec::new);
-            all[HOST_DEVICE as usize] = host_trace;
-        }
-        snap.traces = all;
+    let mut all = take_traces(reader.heap, reader.compactor, &lists).map_err(invalid)?;
+    if all.len() > devices {
+        let host_trace: Vec<TraceEvent> = all.drain(devices..).flatten().collect();
+        all.resize_with(HOST_DEVICE as usize + 1, Vec::new);
+        all[HOST_DEVICE as usize] = host_trace;
     }
+    Ok(all)
+}
+
+/// The source's figures, times no clock gives, and the frames, stacks and strings moved in.
+fn finish(
+    snap: &mut Snapshot,
+    decoded: &mut Decoded,
+    compactor: &mut EntryCompactor,
+    segments_only: bool,
+) {
     snap.source.protocol = decoded.protocol;
     snap.source.pickle_bytes = decoded.bytes_read;
     snap.source.segments_only = segments_only;
@@ -657,16 +725,15 @@ pub(crate) fn assemble(
     snap.stacks = std::mem::take(&mut compactor.stacks);
     snap.stacks.freeze();
     snap.strings = decoded.heap.take_strings();
-    Ok(snap)
 }
 
 /// The highest CUDA device index (PyTorch's `DeviceIndex` is a signed byte).
 pub const MAX_DEVICE: u32 = 127;
 
-/// The device number memsnap gives pinned host memory (`host_segments` and `host_traces`,
-/// torch after 2.11), one past the highest CUDA device: it is reported and drawn as its own
-/// device, "host (pinned)", never added to a GPU's figures.
-pub const HOST_DEVICE: u32 = MAX_DEVICE + 1;
+pub use crate::units::HOST_DEVICE;
+
+// pinned host memory is one past the highest CUDA device
+const _: () = assert!(HOST_DEVICE == MAX_DEVICE + 1);
 
 /// The latest trace time taken as real: 2^53 µs after the epoch, in the year 2255. PyTorch
 /// records microseconds since the epoch, so a negative time or one past this is no moment.

@@ -2,11 +2,13 @@
 
 use std::io::{self, Write};
 
-use comfy_table::CellAlignment;
+use comfy_table::{CellAlignment, Table};
 
 use super::{table, write_shares, Out, TextOptions};
 use crate::report::oom::{DeviceOom, OomExplanation, OomReport};
-use crate::report::whatif::{DeviceWhatIf, ScaleReport, Scenario, WhatIfReport};
+use crate::report::whatif::{
+    DeviceWhatIf, ScaleCheck, ScaleReport, Scenario, SizePrediction, WhatIfReport,
+};
 use crate::simulate::scale::{Growth, Method};
 use crate::simulate::{SelfCheck, SimOom};
 use crate::units;
@@ -375,6 +377,26 @@ pub fn write_scale(out: &mut dyn Write, r: &ScaleReport, markdown: bool) -> io::
     )?;
     let conf = out.text(&r.recorded_alloc_conf);
     writeln!(out, "  recorded with {conf}")?;
+    let t = scale_table(r);
+    // lines about one size, under its line (a list item of their own in Markdown)
+    let sub = if out.markdown { "" } else { "  " };
+    writeln!(out)?;
+    writeln!(out, "{}", out.table(&t, "  "))?;
+    for s in &r.sizes {
+        write_size_notes(out, r, s, sub)?;
+    }
+    if let Some(c) = &r.check {
+        write_scale_check(out, c)?;
+    }
+    for a in &r.assumptions {
+        out.prose(&format!("assumed: {a}"))?;
+    }
+    writeln!(out)
+}
+
+/// The table of `memsnap whatif --scale`: each snapshot as recorded, then each size predicted
+/// under each setting.
+fn scale_table(r: &ScaleReport) -> Table {
     let with_min_cap = r
         .sizes
         .iter()
@@ -415,127 +437,132 @@ pub fn write_scale(out: &mut dyn Write, r: &ScaleReport, markdown: bool) -> io::
             t.add_row(row);
         }
     }
-    // lines about one size, under its line (a list item of their own in Markdown)
-    let sub = if out.markdown { "" } else { "  " };
-    writeln!(out)?;
-    writeln!(out, "{}", out.table(&t, "  "))?;
-    for s in &r.sizes {
-        let growth = match s.growth_per_unit_bytes {
-            Some(g) => format!(
-                ": peak allocated {}{} per unit of size",
-                if g < 0.0 { "-" } else { "+" },
-                units::bytes(g.abs().round() as u64)
-            ),
-            None => String::new(),
-        };
-        // what does not grow: constant requests and blocks from before the trace
-        let base_peak = r
-            .inputs
-            .iter()
-            .find(|i| i.size == s.base_size)
-            .map_or(0, |i| i.peak_allocated_bytes);
-        let grows: u64 = s
-            .fits
-            .iter()
-            .filter(|g| g.bytes_at_target != g.bytes_at_base_peak)
-            .map(|g| g.bytes_at_base_peak)
-            .sum();
-        let fixed = if base_peak > 0 && s.growth_per_unit_bytes.is_some() && s.repeat.is_none() {
-            format!(
-                ", {:.1}% of its peak fixed",
-                base_peak.saturating_sub(grows) as f64 / base_peak as f64 * 100.0
-            )
-        } else {
-            String::new()
-        };
-        out.prose(&format!(
-            "size {} from the snapshot at size {}{growth}{fixed}",
-            units::count(s.size),
-            units::count(s.base_size)
-        ))?;
-        let parts: Vec<String> = s
-            .fits
-            .iter()
-            .map(|g| {
-                let unverified = if g.unverified > 0 && r.method == Method::Fit {
-                    format!(", {} unverified", units::count(g.unverified as u64))
-                } else {
-                    String::new()
-                };
-                let bytes =
-                    if g.growth == Growth::Constant || g.bytes_at_base_peak == g.bytes_at_target {
-                        format!("{} at the peak", units::bytes(g.bytes_at_base_peak))
-                    } else {
-                        format!(
-                            "{} at the peak → {}",
-                            units::bytes(g.bytes_at_base_peak),
-                            units::bytes(g.bytes_at_target)
-                        )
-                    };
-                format!(
-                    "{} {} ({bytes}{unverified})",
-                    units::count(g.requests as u64),
-                    g.growth.as_str()
-                )
-            })
-            .collect();
-        if parts.is_empty() {
-            out.prose(&format!(
-                "{sub}requests: none in the trace (blocks from before it stay as they were)"
-            ))?;
-        } else {
-            out.prose(&format!("{sub}requests: {}", parts.join(", ")))?;
-        }
-        if let Some(rep) = &s.repeat {
-            out.prose(&format!(
-                "{sub}the stream grows by {:.1} requests per unit: a run of {} repeated to add {}{}",
-                rep.requests_per_unit,
-                units::count(rep.run_requests as u64),
-                units::count(rep.added_requests as u64),
-                if rep.unsteady_frees > 0 {
-                    format!(
-                        " (the run also frees {} made before the loop: not a steady iteration, \
-                         a less sure estimate; a snapshot with more iterations helps)",
-                        units::count(rep.unsteady_frees as u64)
-                    )
-                } else {
-                    String::new()
-                }
-            ))?;
-        }
-        for x in &s.simulated {
-            if let Some(o) = &x.outcome.oom {
-                out.prose(&format!(
-                    "{sub}{}: {}",
-                    x.outcome.alloc_conf,
-                    failure_text(o).replace(" at event ", " at op ")
-                ))?;
-            }
-        }
-    }
-    if let Some(c) = &r.check {
-        let pct = |p: u64, q: u64| {
-            if q == 0 {
-                String::new()
+    t
+}
+
+/// The lines under one predicted size: its growth, how its requests were fitted, the repeated
+/// run, and where each setting ran out of memory.
+fn write_size_notes(
+    out: &mut Out,
+    r: &ScaleReport,
+    s: &SizePrediction,
+    sub: &str,
+) -> io::Result<()> {
+    let growth = match s.growth_per_unit_bytes {
+        Some(g) => format!(
+            ": peak allocated {}{} per unit of size",
+            if g < 0.0 { "-" } else { "+" },
+            units::bytes(g.abs().round() as u64)
+        ),
+        None => String::new(),
+    };
+    // what does not grow: constant requests and blocks from before the trace
+    let base_peak = r
+        .inputs
+        .iter()
+        .find(|i| i.size == s.base_size)
+        .map_or(0, |i| i.peak_allocated_bytes);
+    let grows: u64 = s
+        .fits
+        .iter()
+        .filter(|g| g.bytes_at_target != g.bytes_at_base_peak)
+        .map(|g| g.bytes_at_base_peak)
+        .sum();
+    let fixed = if base_peak > 0 && s.growth_per_unit_bytes.is_some() && s.repeat.is_none() {
+        format!(
+            ", {:.1}% of its peak fixed",
+            base_peak.saturating_sub(grows) as f64 / base_peak as f64 * 100.0
+        )
+    } else {
+        String::new()
+    };
+    out.prose(&format!(
+        "size {} from the snapshot at size {}{growth}{fixed}",
+        units::count(s.size),
+        units::count(s.base_size)
+    ))?;
+    let parts: Vec<String> = s
+        .fits
+        .iter()
+        .map(|g| {
+            let unverified = if g.unverified > 0 && r.method == Method::Fit {
+                format!(", {} unverified", units::count(g.unverified as u64))
             } else {
-                format!(" ({:+.1}%)", (p as f64 - q as f64) / q as f64 * 100.0)
-            }
-        };
-        let from: Vec<String> = c.from_sizes.iter().map(|&x| units::count(x)).collect();
+                String::new()
+            };
+            let bytes = if g.growth == Growth::Constant || g.bytes_at_base_peak == g.bytes_at_target
+            {
+                format!("{} at the peak", units::bytes(g.bytes_at_base_peak))
+            } else {
+                format!(
+                    "{} at the peak → {}",
+                    units::bytes(g.bytes_at_base_peak),
+                    units::bytes(g.bytes_at_target)
+                )
+            };
+            format!(
+                "{} {} ({bytes}{unverified})",
+                units::count(g.requests as u64),
+                g.growth.as_str()
+            )
+        })
+        .collect();
+    if parts.is_empty() {
         out.prose(&format!(
-            "check: size {} predicted from {}: peak allocated {}, recorded {}{}; peak reserved {}, recorded {}{}",
-            units::count(c.size),
-            from.join(", "),
-            units::bytes(c.predicted_peak_allocated_bytes),
-            units::bytes(c.recorded_peak_allocated_bytes),
-            pct(c.predicted_peak_allocated_bytes, c.recorded_peak_allocated_bytes),
-            units::bytes(c.predicted_peak_reserved_bytes),
-            units::bytes(c.recorded_peak_reserved_bytes),
-            pct(c.predicted_peak_reserved_bytes, c.recorded_peak_reserved_bytes),
+            "{sub}requests: none in the trace (blocks from before it stay as they were)"
+        ))?;
+    } else {
+        out.prose(&format!("{sub}requests: {}", parts.join(", ")))?;
+    }
+    if let Some(rep) = &s.repeat {
+        out.prose(&format!(
+            "{sub}the stream grows by {:.1} requests per unit: a run of {} repeated to add {}{}",
+            rep.requests_per_unit,
+            units::count(rep.run_requests as u64),
+            units::count(rep.added_requests as u64),
+            if rep.unsteady_frees > 0 {
+                format!(
+                    " (the run also frees {} made before the loop: not a steady iteration, \
+                     a less sure estimate; a snapshot with more iterations helps)",
+                    units::count(rep.unsteady_frees as u64)
+                )
+            } else {
+                String::new()
+            }
         ))?;
     }
-    for a in &r.assumptions {
-        out.prose(&format!("assumed: {a}"))?;
+    for x in &s.simulated {
+        if let Some(o) = &x.outcome.oom {
+            out.prose(&format!(
+                "{sub}{}: {}",
+                x.outcome.alloc_conf,
+                failure_text(o).replace(" at event ", " at op ")
+            ))?;
+        }
     }
-    writeln!(out)
+    Ok(())
+}
+
+/// The check line: the largest snapshot predicted from the others, beside what it recorded.
+fn write_scale_check(out: &mut Out, c: &ScaleCheck) -> io::Result<()> {
+    let pct = |p: u64, q: u64| {
+        if q == 0 {
+            String::new()
+        } else {
+            format!(" ({:+.1}%)", (p as f64 - q as f64) / q as f64 * 100.0)
+        }
+    };
+    let from: Vec<String> = c.from_sizes.iter().map(|&x| units::count(x)).collect();
+    out.prose(&format!(
+        "check: size {} predicted from {}: peak allocated {}, recorded {}{}; peak reserved {}, recorded {}{}",
+        units::count(c.size),
+        from.join(", "),
+        units::bytes(c.predicted_peak_allocated_bytes),
+        units::bytes(c.recorded_peak_allocated_bytes),
+        pct(c.predicted_peak_allocated_bytes, c.recorded_peak_allocated_bytes),
+        units::bytes(c.predicted_peak_reserved_bytes),
+        units::bytes(c.recorded_peak_reserved_bytes),
+        pct(c.predicted_peak_reserved_bytes, c.recorded_peak_reserved_bytes),
+    ))?;
+    Ok(())
 }
