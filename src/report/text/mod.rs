@@ -406,6 +406,57 @@ pub(crate) fn write_shares(
     writeln!(out, "{}", out.table(&t, "  "))
 }
 
+/// The categories live at the peak, each with the bytes each kind of evidence decided
+/// (`code path 1.20 GiB · lifetime 3.00 MiB`), from the `evidence` breakdown.
+fn write_categories(
+    out: &mut Out,
+    title: &str,
+    shares: &[Share],
+    evidence: &[Share],
+    total: u64,
+    top: usize,
+) -> io::Result<()> {
+    if shares.is_empty() {
+        return Ok(());
+    }
+    let mut t = table(&[title, "bytes", "share", "count", "decided by"]);
+    if let Some(c) = t.column_mut(4) {
+        c.set_cell_alignment(CellAlignment::Left);
+    }
+    for s in shares.iter().take(top) {
+        let prefix = format!("{} · ", s.label);
+        let decided: Vec<String> = evidence
+            .iter()
+            .filter_map(|e| {
+                e.label
+                    .strip_prefix(&prefix)
+                    .map(|kind| format!("{kind} {}", units::bytes(e.bytes)))
+            })
+            .collect();
+        t.add_row(vec![
+            shorten_left(&s.label, MAX_LABEL),
+            units::bytes(s.bytes),
+            units::percent(s.bytes, total),
+            units::count(s.count),
+            decided.join(" · "),
+        ]);
+    }
+    if shares.len() > top {
+        let rest = &shares[top..];
+        let bytes: u64 = rest.iter().map(|s| s.bytes).sum();
+        let count: u64 = rest.iter().map(|s| s.count).sum();
+        t.add_row(vec![
+            format!("({} more)", rest.len()),
+            units::bytes(bytes),
+            units::percent(bytes, total),
+            units::count(count),
+            String::new(),
+        ]);
+    }
+    writeln!(out)?;
+    writeln!(out, "{}", out.table(&t, "  "))
+}
+
 /// The reserved bytes of each pool, when private pools (CUDA graphs, `MemPool`s) were used.
 fn write_pools(out: &mut dyn Write, d: &DeviceReport) -> io::Result<()> {
     if d.pools.is_empty() {
@@ -471,11 +522,14 @@ fn write_attribution(out: &mut Out, d: &DeviceReport, options: &TextOptions) -> 
             out,
             "categories from",
             &[
-                (c.lifetime, "lifetime"),
-                (c.frames, "stack frames"),
+                (c.capture, "the program's tensors (capture)"),
                 (c.labels, "PyTorch's labels"),
+                (c.code, "code paths"),
+                (c.lifetime, "lifetime"),
                 (c.rules, "rules"),
                 (c.before_trace, "alive before the trace"),
+                (c.conflicting, "conflicting evidence: unknown"),
+                (c.none, "no evidence: unknown"),
             ],
         )?;
         if c.labels_disagreeing > 0 {
@@ -483,6 +537,24 @@ fn write_attribution(out: &mut Out, d: &DeviceReport, options: &TextOptions) -> 
                 out,
                 "  inference gave {} of the {} labelled allocations another category",
                 c.labels_disagreeing, c.labels
+            )?;
+        }
+        if let Some(k) = &d.attribution.capture {
+            let cap = k
+                .allowed_bytes
+                .map_or(String::new(), |b| format!("; cap {}", units::bytes(b)));
+            let missing = if k.unmatched > 0 {
+                format!(
+                    ", {} listed storages not found",
+                    units::count(k.unmatched as u64)
+                )
+            } else {
+                String::new()
+            };
+            writeln!(
+                out,
+                "  the program's own list of its tensors (memsnap.Capture) named {}{missing}{cap}",
+                units::counted(k.blocks as u64, "block")
             )?;
         }
     }
@@ -517,13 +589,13 @@ fn write_attribution(out: &mut Out, d: &DeviceReport, options: &TextOptions) -> 
                 None => continue,
             }
         };
-        write_shares(
-            out,
-            &format!("live at the peak, by {name}"),
-            shares,
-            total,
-            options.top,
-        )?;
+        let title = format!("live at the peak, by {name}");
+        match (dim, d.peak_breakdown.get(Dimension::Evidence.as_str())) {
+            (Dimension::Category, Some(evidence)) => {
+                write_categories(out, &title, shares, evidence, total, options.top)?
+            }
+            _ => write_shares(out, &title, shares, total, options.top)?,
+        }
     }
     if !d.steps.is_empty() {
         let with_iterations = d.steps.iter().any(|r| r.iterations.is_some());
