@@ -175,3 +175,108 @@ fn only_chosen_ranks_write_and_an_oom_leaves_its_snapshot() {
         assert!(text.contains(figures), "{kind}: {figures:?} in {text}");
     }
 }
+
+/// The `TRUTH` figures of a capture-evidence program's first line, and the file it wrote.
+fn evidence(kind: &str) -> (std::path::PathBuf, [u64; 3]) {
+    let dir = testdata(&format!("snapshots/capture_evidence/{kind}"));
+    let log = fs::read_to_string(dir.join("log.txt")).unwrap();
+    let line = log
+        .lines()
+        .find_map(|l| l.find("TRUTH ").map(|at| &l[at..]))
+        .unwrap();
+    let num = |key: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{key}=")))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let file = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(".pickle.xz"))
+        .unwrap();
+    (file, [num("param"), num("grad"), num("optimizer_state")])
+}
+
+/// Given the model and optimizer, `memsnap.Capture` lists the program's tensors beside the
+/// snapshot: the blocks alive before recording started get their categories and names from it,
+/// exact to the byte (a plain loop, a transformers `Trainer` with accumulation and a fused
+/// AdamW, a Lightning `Trainer` with plain SGD), and the steps carry the program's numbers.
+#[test]
+fn the_programs_own_list_names_the_blocks_from_before_recording() {
+    use memsnap::attribute::{Category, Evidence};
+    for (kind, steps) in [("loop", [2, 3]), ("hf", [1, 2]), ("lightning_oom", [1, 2])] {
+        let (file, [param, grad, state]) = evidence(kind);
+        let snap = memsnap::snapshot::Snapshot::open(&file).unwrap();
+        assert!(snap.capture.is_some(), "{kind}: the side file is read");
+        let replay = memsnap::replay::replay(&snap, 0, Default::default());
+        let a = memsnap::attribute::attribute(&snap, &replay, &Default::default());
+        assert_eq!(a.step_numbers, steps, "{kind}: the program's step numbers");
+        // at trace start: the blocks alive before it, by category, in the program's bytes
+        let bytes = |c: Category| -> u64 {
+            replay
+                .preexisting
+                .iter()
+                .zip(&a.preexisting)
+                .filter(|(p, l)| p.live && l.category == c)
+                .map(|(p, _)| p.requested)
+                .sum()
+        };
+        assert_eq!(bytes(Category::Parameter), param, "{kind}: parameters");
+        assert_eq!(
+            bytes(Category::OptimizerState),
+            state,
+            "{kind}: optimizer state"
+        );
+        assert_eq!(bytes(Category::Gradient), grad, "{kind}: gradients");
+        let named = a
+            .preexisting
+            .iter()
+            .filter(|l| l.evidence == Evidence::Capture)
+            .count();
+        assert!(named >= 8, "{kind}: {named} blocks named by the capture");
+        // the report says so, and names them by the module's own names
+        let text = ok(&[
+            "report",
+            &file.to_string_lossy(),
+            "--by",
+            "category,stage",
+            "--top",
+            "200",
+        ]);
+        assert!(text.contains("the program's tensors (capture)"), "{text}");
+        assert!(text.contains(&format!("train step {}", steps[1])), "{text}");
+        assert!(text.contains(".weight"), "{text}");
+    }
+}
+
+/// Out of memory under an 8 GiB cap: the cap is the allocator's own, as the program read it,
+/// and every what-if is judged under it.
+#[test]
+fn an_out_of_memory_error_is_judged_under_the_programs_cap() {
+    let (file, _) = evidence("lightning_oom");
+    let log =
+        fs::read_to_string(testdata("snapshots/capture_evidence/lightning_oom/log.txt")).unwrap();
+    let cap: u64 = log
+        .lines()
+        .find_map(|l| l.strip_prefix("CAP bytes="))
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let v = crate::util::json(&["oom", &file.to_string_lossy()]);
+    let e = &v["devices"][0]["oom"];
+    assert_eq!(e["cap"]["bytes"], cap, "{e}");
+    assert_eq!(e["cap"]["from"], "capture");
+    assert_eq!(e["verdict"], "cap", "{e}");
+    for s in e["whatif"].as_array().unwrap() {
+        assert_eq!(s["cap_bytes"], cap, "{s}");
+        assert!(
+            ["fits", "fails"].contains(&s["verdict"].as_str().unwrap()),
+            "{s}"
+        );
+    }
+    let text = ok(&["oom", &file.to_string_lossy()]);
+    assert!(text.contains("(the program's)"), "{text}");
+}

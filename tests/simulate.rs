@@ -104,7 +104,7 @@ fn simulating_the_default_run_predicts_every_other_run() {
             args.extend(["--cap", c.as_str()]);
         }
         let v = json(&args);
-        let sim = &v["devices"][0]["simulated"];
+        let sim = &v["devices"][0]["simulated"][0];
         let real_oom = run["oom"].as_str();
         assert_eq!(sim["oom"].is_null(), real_oom.is_none(), "{name}: {sim}");
         let peak = |k: &str| sim[k].as_u64().unwrap();
@@ -206,7 +206,7 @@ fn the_shared_oom_is_predicted_from_the_uncapped_run() {
     let Some(dir) = shared() else { return };
     let uncapped = dir.join("pp2-stacks-python/memory_snapshot_rank0_py_step0.pickle.xz");
     let v = json(&["whatif", &uncapped.to_string_lossy(), "--cap", "9.04GiB"]);
-    let o = &v["devices"][0]["simulated"]["oom"];
+    let o = &v["devices"][0]["simulated"][0]["oom"];
     assert!(!o.is_null(), "{v}");
     let real = json(&[
         "oom",
@@ -277,7 +277,7 @@ fn several_settings_and_the_smallest_cap() {
             &allocator_file("default"),
             "--cap",
             &cap.to_string(),
-        ])["devices"][0]["simulated"]["oom"]
+        ])["devices"][0]["simulated"][0]["oom"]
             .is_null()
     };
     assert!(fits(min));

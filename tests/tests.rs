@@ -4,6 +4,7 @@ mod attribution;
 mod capture;
 mod chart;
 mod compare;
+mod corpus;
 mod errors;
 mod escaping;
 mod export;

@@ -252,3 +252,58 @@ fn completions_and_examples_in_help() {
     // --quiet is accepted anywhere
     ok(&["report", "--quiet", &single()]);
 }
+
+/// The Rust version the package declares is at least what every locked dependency declares, so
+/// `cargo install --locked` on that toolchain builds; read from the registry's copies of the
+/// locked crates (those of other platforms are not downloaded and are passed over).
+#[test]
+fn the_declared_rust_version_builds_the_locked_dependencies() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let version = |text: &str| -> Option<Vec<u32>> {
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("rust-version"))?;
+        let v = line.split('"').nth(1)?;
+        v.split('.').map(|p| p.parse().ok()).collect()
+    };
+    let ours = version(&std::fs::read_to_string(root.join("Cargo.toml")).unwrap()).unwrap();
+    let home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cargo")))
+        .unwrap();
+    let registries: Vec<_> = std::fs::read_dir(home.join("registry/src"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let lock = std::fs::read_to_string(root.join("Cargo.lock")).unwrap();
+    let (mut read, mut newest) = (0, (vec![0], String::new()));
+    let mut name = None;
+    for line in lock.lines() {
+        if let Some(n) = line.strip_prefix("name = ") {
+            name = Some(n.trim_matches('"').to_string());
+        } else if let (Some(v), Some(n)) = (line.strip_prefix("version = "), &name) {
+            let dir = format!("{n}-{}", v.trim_matches('"'));
+            let Some(text) = registries
+                .iter()
+                .find_map(|r| std::fs::read_to_string(r.join(&dir).join("Cargo.toml")).ok())
+            else {
+                continue;
+            };
+            read += 1;
+            if let Some(v) = version(&text) {
+                assert!(
+                    v <= ours,
+                    "{dir} needs Rust {v:?}, the package says {ours:?}"
+                );
+                if v > newest.0 {
+                    newest = (v, dir);
+                }
+            }
+        }
+    }
+    assert!(read > 200, "{read} locked crates found in the registry");
+    assert_eq!(
+        newest.0, ours,
+        "the newest any locked crate needs is {}",
+        newest.1
+    );
+}

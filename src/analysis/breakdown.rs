@@ -27,11 +27,13 @@ pub enum Dimension {
     Phase,
     /// Innermost `record_function` range.
     Annotation,
+    /// The category with the kind of evidence that decided it (`parameter · code path`).
+    Evidence,
 }
 
 impl Dimension {
     /// Every dimension.
-    pub const ALL: [Dimension; 7] = [
+    pub const ALL: [Dimension; 8] = [
         Dimension::Category,
         Dimension::Step,
         Dimension::Op,
@@ -39,6 +41,7 @@ impl Dimension {
         Dimension::Site,
         Dimension::Phase,
         Dimension::Annotation,
+        Dimension::Evidence,
     ];
 
     /// Name as on the command line.
@@ -51,6 +54,7 @@ impl Dimension {
             Dimension::Site => "site",
             Dimension::Phase => "phase",
             Dimension::Annotation => "annotation",
+            Dimension::Evidence => "evidence",
         }
     }
 
@@ -83,7 +87,15 @@ impl<'a> Keyer<'a> {
     pub fn key(&mut self, d: Dimension, l: &Label, stack: StackId) -> String {
         let a = self.attribution;
         let before_trace = l.is_before_trace();
-        if before_trace && !matches!(d, Dimension::Category | Dimension::Site) {
+        // a block from before the trace that the program's own list named has its name
+        let named = l.evidence == crate::attribute::Evidence::Capture;
+        if before_trace
+            && !matches!(
+                d,
+                Dimension::Category | Dimension::Site | Dimension::Evidence
+            )
+            && !(named && d == Dimension::Stage)
+        {
             return super::BEFORE_TRACE.to_string();
         }
         let text = match d {
@@ -114,6 +126,7 @@ impl<'a> Keyer<'a> {
             }
             Dimension::Phase => l.phase.as_str().to_string(),
             Dimension::Annotation => a.names.get(l.annotation).to_string(),
+            Dimension::Evidence => format!("{} · {}", l.category.as_str(), l.evidence.as_str()),
         };
         if text.is_empty() {
             "(none)".to_string()
@@ -306,13 +319,16 @@ pub fn step_table(snap: &Snapshot, replay: &Replay, a: &Attribution) -> Vec<Step
     let mut rows: Vec<StepRow> = Vec::new();
     let mut i = 0;
     // A row: one pipeline step, or outside a pipeline one phase, of one training step.
+    // `zero_grad` is a row of its own among the events outside the phases
+    let zero_grad = a.names.find("zero_grad");
     let key = |l: &Label| {
         let (phase, mb) = if l.pipe_step == 0 {
             (l.phase, l.mb)
         } else {
             (Default::default(), crate::attribute::NO_MB)
         };
-        (l.train_step, l.pipe_step, phase, mb)
+        let dropping = l.pipe_step == 0 && Some(l.op) == zero_grad;
+        (l.train_step, l.pipe_step, phase, mb, dropping)
     };
     let mut quiet = a.quiet.iter().peekable();
     while i < n {

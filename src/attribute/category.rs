@@ -1,26 +1,29 @@
 //! Memory categories, in the vocabulary of `torch.profiler`'s memory timeline, decided from
 //! what each block does over its life, with stacks and PyTorch's own labels as evidence.
 //!
-//! **Any PyTorch program** (the generic preset). Phases and training steps
-//! come first ([`super::generic`]); then each allocation gets the first category that holds:
+//! **Any PyTorch program** (the generic preset). Phases and training steps come first
+//! ([`super::generic`]). Each source of evidence then adds what it knows to a
+//! `Ledger`, strongest first: the program's own list of its tensors
+//! (`capture`), PyTorch's labels (`apply_labels`), the code that made or freed the
+//! block (`code_paths`), and, weakest, the block's life (`add_life`):
 //!
-//! 1. **communication**: collective and FSDP buffers, by frames, op or stage;
-//! 2. **activation** (recomputed): allocated while activation checkpointing recomputes;
-//! 3. **gradient** by frames: `AccumulateGrad` on the stack;
-//! 4. by the phase it was allocated in, and when it was freed:
-//!    - *optimizer*: **temporary** when freed inside the same update, else **optimizer state**;
-//!    - *backward*: **temporary** when freed inside the same backward; else, when it is never
-//!      freed, is not the size of any parameter and the trace runs a later step to the end of
-//!      its backward, a **workspace** (cuBLAS keeps one per stream); else a **gradient**
-//!      (alive past backward, until the update, `zero_grad` or the end);
-//!    - *forward*: **temporary** when freed inside the same forward; a **workspace** when a
-//!      workspace's C++ frames say so, or when it outlives a later step's whole backward;
-//!      else an **activation** (saved for backward, or an output);
-//!    - *outside the phases* (`zero_grad` gives temporaries): **temporary** when freed in the
-//!      same stretch of events; **parameter** when its stack sets the model up (`Module.to`,
-//!      initialisation, `load_state_dict`) or when it outlives the backward of the step after
-//!      the forward it precedes; **input** when its stack moves a batch or it stays alive into
-//!      the next forward; else **temporary** or **unknown**.
+//! - made in an *optimizer* update: a **temporary** when freed inside the same update, else
+//!   **optimizer state**;
+//! - made in a *backward*: a **temporary** when freed inside the same backward; else a
+//!   **gradient** when it has the size of a parameter and, where the program drops gradients
+//!   (`zero_grad`), it was not kept past a drop; else a **workspace** when it outlives a later
+//!   step's backward (cuBLAS keeps one per stream until the program clears them); else
+//!   nothing;
+//! - made in a *forward*: a **temporary** when freed inside the same forward or before the
+//!   backward that follows it (an output dropped once the loss is computed); a **workspace**
+//!   when it outlives a later step's whole backward; else an **activation** (saved for
+//!   backward, or an output);
+//! - made *outside the phases*: a **temporary** when freed in the same stretch of events or in
+//!   `zero_grad`; **input** when it stays alive into the next forward; else nothing (a block
+//!   kept across steps that no code path names is `unknown`, not a guessed parameter).
+//!
+//! The ledger decides: the strongest evidence wins, and evidence of one strength that
+//! contradicts itself gives **unknown**.
 //!
 //! **DualPipeV pipelines** (the pithtrain preset), by op and lifetime:
 //! communication for receive buffers and collectives, optimizer state for optimizer
@@ -32,6 +35,8 @@
 //! ([`super::rules`]) override everything. [`CategorySources`] counts what decided each label.
 
 use serde::Serialize;
+
+use super::evidence::{Evidence, Ledger};
 
 use super::{frames, Label, Names, Phase};
 use crate::replay::{Replay, NONE};
@@ -205,41 +210,69 @@ pub(crate) fn assign_pipeline(
     copy_to_frees(replay, events, labels);
 }
 
-/// Gives each free the category of the allocation it ends.
-fn copy_to_frees(replay: &Replay, events: &[TraceEvent], labels: &mut [Label]) {
-    for i in 0..events.len() {
+/// Gives each free the category (and its evidence) of the allocation it ends.
+pub(crate) fn copy_to_frees(replay: &Replay, events: &[TraceEvent], labels: &mut [Label]) {
+    for i in 0..events.len().min(labels.len()) {
         if events[i].action != Action::Alloc {
             let p = replay.partner[i];
             if p != NONE && p & crate::replay::PREEXISTING == 0 {
                 labels[i].category = labels[p as usize].category;
+                labels[i].evidence = labels[p as usize].evidence;
             } else if p != NONE {
                 labels[i].category = Category::PreExisting;
+                labels[i].evidence = Evidence::BeforeTrace;
             }
         }
     }
 }
 
 /// What decided the categories of a device's allocations, counted over its allocations (and
-/// the blocks alive before the trace).
+/// the blocks alive before the trace), by the kind of evidence that decided each.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct CategorySources {
-    /// The phase a block was allocated in and when it was freed.
-    pub lifetime: u64,
-    /// Frames on its stack (collectives, `AccumulateGrad`, recomputation, model set-up, batch
-    /// transfer, library workspaces).
-    pub frames: u64,
-    /// Custom rules.
-    pub rules: u64,
-    /// Alive before the trace started.
-    pub before_trace: u64,
-    /// PyTorch's own labels, preferred to inference: an `annotate` entry
-    /// (`_annotate_tensor`) or memory metadata set as a dict (`_set_memory_metadata`) whose
-    /// text names a category.
+    /// The program's own list of its tensors (`memsnap.Capture`).
+    #[serde(default)]
+    pub capture: u64,
+    /// PyTorch's own labels: an `annotate` entry (`_annotate_tensor`) or memory metadata set
+    /// as a dict (`_set_memory_metadata`) whose text names a category.
     #[serde(default)]
     pub labels: u64,
-    /// Of those, the allocations whose inferred category was another.
+    /// The code PyTorch ran when the block was made or freed.
+    #[serde(default)]
+    pub code: u64,
+    /// The phase a block was made in and when it was freed.
+    pub lifetime: u64,
+    /// Custom rules.
+    pub rules: u64,
+    /// Alive before the trace started, nothing else known.
+    pub before_trace: u64,
+    /// Evidence of equal strength that disagreed: `unknown`.
+    #[serde(default)]
+    pub conflicting: u64,
+    /// No evidence: `unknown`.
+    #[serde(default)]
+    pub none: u64,
+    /// Of the allocations PyTorch's labels named, those whose other evidence said another
+    /// category.
     #[serde(default)]
     pub labels_disagreeing: u64,
+}
+
+impl CategorySources {
+    /// Counts one allocation decided by `evidence`.
+    pub(crate) fn count(&mut self, evidence: Evidence) {
+        let slot = match evidence {
+            Evidence::Capture => &mut self.capture,
+            Evidence::Label => &mut self.labels,
+            Evidence::Code => &mut self.code,
+            Evidence::Life => &mut self.lifetime,
+            Evidence::Rules => &mut self.rules,
+            Evidence::BeforeTrace => &mut self.before_trace,
+            Evidence::Conflict => &mut self.conflicting,
+            Evidence::None => &mut self.none,
+        };
+        *slot += 1;
+    }
 }
 
 /// The category a label written by the program or by PyTorch names: a category's name
@@ -267,15 +300,11 @@ pub fn named_category(text: &str) -> Option<Category> {
     }
 }
 
-/// Applies PyTorch's own labels to the allocations they name, preferred to what inference
-/// decided: an `annotate` entry labels the live allocation at its address; an allocation's
-/// own memory metadata labels it when it is a dict naming a category. Returns the allocations
-/// labelled, and how many of them inference had given another category.
-pub(crate) fn apply_labels(
-    snap: &Snapshot,
-    events: &[TraceEvent],
-    labels: &mut [Label],
-) -> (Vec<usize>, u64) {
+/// Adds PyTorch's own labels to the evidence of the allocations they name: an `annotate` entry
+/// names the live allocation at its address; an allocation's own memory metadata names it when
+/// it is a dict naming a category. Returns how many labelled allocations the other evidence
+/// so far gave another category.
+pub(crate) fn apply_labels(snap: &Snapshot, events: &[TraceEvent], ledger: &mut Ledger) -> u64 {
     let mut live: rustc_hash::FxHashMap<u64, usize> = Default::default();
     let mut named: Vec<(usize, Category)> = Vec::new();
     let mut cache: rustc_hash::FxHashMap<u32, Option<Category>> = Default::default();
@@ -307,25 +336,18 @@ pub(crate) fn apply_labels(
         }
     }
     let mut disagree = 0u64;
-    let mut done: Vec<usize> = Vec::new();
-    let mut labelled = vec![false; if named.is_empty() { 0 } else { labels.len() }];
+    let mut seen = rustc_hash::FxHashSet::default();
     for (j, c) in named {
-        let Some(l) = labels.get_mut(j) else { continue };
-        if !std::mem::replace(&mut labelled[j], true) {
-            done.push(j);
-            disagree += u64::from(l.category != c);
+        if seen.insert(j) {
+            disagree += u64::from(ledger.current(j).is_some_and(|(other, _)| other != c));
         }
-        l.category = c;
+        ledger.add(j, Evidence::Label, c);
     }
-    (done, disagree)
+    disagree
 }
 
-/// Where each training step's forward starts and its backward ends, by event index.
+/// Where each training step's backward ends, by event index.
 struct StepBounds {
-    first_forward: Vec<Option<usize>>,
-    last_backward: Vec<Option<usize>>,
-    /// `(first forward event, step)` of the steps that have a forward, in event order.
-    forwards: Vec<(usize, usize)>,
     /// For each step, the end of the backward of the first later step whose backward ends
     /// before the trace does.
     later_backward: Vec<Option<usize>>,
@@ -338,24 +360,12 @@ impl StepBounds {
             .map(|l| l.train_step as usize + 1)
             .max()
             .unwrap_or(0);
-        let mut first_forward = vec![None; steps];
         let mut last_backward = vec![None; steps];
         for (i, l) in labels.iter().enumerate() {
-            let t = l.train_step as usize;
-            match l.phase {
-                Phase::Forward => {
-                    first_forward[t].get_or_insert(i);
-                }
-                Phase::Backward => last_backward[t] = Some(i),
-                _ => {}
+            if l.phase == Phase::Backward {
+                last_backward[l.train_step as usize] = Some(i);
             }
         }
-        // steps are numbered in event order, so their first forwards increase with the step
-        let forwards = first_forward
-            .iter()
-            .enumerate()
-            .filter_map(|(t, f)| f.map(|f| (f, t)))
-            .collect();
         let mut later_backward = vec![None; steps];
         let mut found = None;
         for t in (0..steps).rev() {
@@ -364,18 +374,7 @@ impl StepBounds {
                 found = Some(b);
             }
         }
-        StepBounds {
-            first_forward,
-            last_backward,
-            forwards,
-            later_backward,
-        }
-    }
-
-    /// The first step whose forward starts after event `i`.
-    fn next_forward(&self, i: usize) -> Option<usize> {
-        let k = self.forwards.partition_point(|&(f, _)| f <= i);
-        self.forwards.get(k).map(|&(_, t)| t)
+        StepBounds { later_backward }
     }
 
     /// The end of the backward of the first step after `t` that ran its backward to the end
@@ -385,32 +384,77 @@ impl StepBounds {
     }
 }
 
-/// Sets the category of every allocation of any PyTorch program from its lifetime (see the
-/// module doc) and copies it to the frees that end them.
-pub(crate) fn assign_generic(
-    snap: &Snapshot,
-    replay: &Replay,
-    names: &Names,
-    labels: &mut [Label],
-) -> CategorySources {
-    let events = snap.trace(replay.device);
-    let n = events.len().min(labels.len());
-    let mut sources = CategorySources::default();
-    let mut stack_cache = frames::PerStack::new(snap);
-    let facts = NameFacts::new(names, names.len());
-    let bounds = StepBounds::new(labels);
-    // stretches of events with one step, phase and micro-batch
-    let mut run = vec![0u32; n];
-    for i in 1..n {
+/// Stretches of events of one step, phase and micro-batch: `run[i]` numbers event `i`'s.
+pub(crate) fn runs(labels: &[Label]) -> Vec<u32> {
+    let mut run = vec![0u32; labels.len()];
+    for i in 1..labels.len() {
         let (a, b) = (&labels[i - 1], &labels[i]);
         let same = a.train_step == b.train_step && a.phase == b.phase && a.mb == b.mb;
         run[i] = run[i - 1] + u32::from(!same);
     }
-    // sizes of the parameters and of the blocks alive before the trace: a gradient has its
-    // parameter's size
-    let mut param_sizes: std::collections::HashSet<u64> =
-        replay.preexisting.iter().map(|p| p.requested).collect();
-    let mut pending: Vec<usize> = Vec::new();
+    run
+}
+
+/// Adds the evidence of every allocation of any PyTorch program from its life (see the module
+/// doc): the weakest, used where nothing stronger speaks. Runs after the stronger sources, whose
+/// parameters give the sizes a gradient may have and whose `zero_grad` frees say when the
+/// program drops its gradients.
+pub(crate) fn add_life(
+    snap: &Snapshot,
+    replay: &Replay,
+    names: &Names,
+    labels: &[Label],
+    run: &[u32],
+    ledger: &mut Ledger,
+) {
+    let events = snap.trace(replay.device);
+    let n = events.len().min(labels.len());
+    let facts = NameFacts::new(names, names.len());
+    let bounds = StepBounds::new(labels);
+    // where each stretch of forward events starts
+    let forward_starts: Vec<usize> = (0..n)
+        .filter(|&i| labels[i].phase == Phase::Forward && (i == 0 || run[i - 1] != run[i]))
+        .collect();
+    // where each stretch of backward events starts: a forward's block freed before the
+    // backward that follows it was no activation saved for it (an output dropped once the
+    // loss is computed)
+    let backward_starts: Vec<usize> = (0..n)
+        .filter(|&i| labels[i].phase == Phase::Backward && (i == 0 || run[i - 1] != run[i]))
+        .collect();
+    let dropped_before_backward = |i: usize, freed: Option<usize>| {
+        let k = backward_starts.partition_point(|&b| b <= i);
+        match (backward_starts.get(k), freed) {
+            (Some(&b), Some(f)) => f < b && labels[b].train_step == labels[i].train_step,
+            _ => false,
+        }
+    };
+    // a gradient has its parameter's size: the parameters the evidence found, or (with none
+    // found) the blocks alive before the trace
+    let mut param_sizes: rustc_hash::FxHashSet<u64> = Default::default();
+    // where the program dropped the gradients made in each stretch (`zero_grad` freeing them):
+    // stretch → the first such free
+    let mut drops: rustc_hash::FxHashMap<u32, usize> = Default::default();
+    for i in 0..n {
+        if events[i].action != Action::Alloc {
+            continue;
+        }
+        match ledger.current(i) {
+            Some((Category::Parameter, _)) => {
+                param_sizes.insert(events[i].size);
+            }
+            Some((Category::Gradient, Evidence::Code | Evidence::Capture)) => {
+                let f = replay.partner[i];
+                if f != NONE {
+                    let d = drops.entry(run[i]).or_insert(f as usize);
+                    *d = (*d).min(f as usize);
+                }
+            }
+            _ => {}
+        }
+    }
+    if param_sizes.is_empty() {
+        param_sizes.extend(replay.preexisting.iter().map(|p| p.requested));
+    }
     for i in 0..n {
         if events[i].action != Action::Alloc {
             continue;
@@ -418,33 +462,24 @@ pub(crate) fn assign_generic(
         let l = labels[i];
         let free = replay.partner[i];
         let freed = (free != NONE).then_some(free as usize);
-        let fl = freed.map(|f| labels[f]);
-        let same_run = freed.is_some_and(|f| run[f] == run[i]);
+        let fl = freed.filter(|&f| f < n).map(|f| labels[f]);
+        let same_run = freed.is_some_and(|f| f < n && run[f] == run[i]);
         let t = l.train_step as usize;
-        let stack = events[i].stack;
-        let (comm, accumulate) = stack_cache.get(stack, || {
-            (
-                frames::stack_has(snap, stack, frames::COMMUNICATION),
-                frames::stack_has(snap, stack, frames::ACCUMULATE_GRAD),
-            )
-        });
-        let by_frames = |c: Category| (c, true);
-        let by_life = |c: Category| (c, false);
-        let (category, from_frames) = if l.phase == Phase::Communication
-            || comm
+        let outlives_later_backward = || {
+            bounds
+                .later_backward(t)
+                .is_some_and(|b| freed.is_none_or(|f| f > b))
+        };
+        let category = if l.phase == Phase::Communication
             || NameFacts::get(&facts.comm, l.stage)
             || NameFacts::get(&facts.comm, l.op)
         {
-            by_frames(Category::Communication)
-        } else if names.get(l.op) == "recompute" {
-            by_frames(Category::Activation)
-        } else if accumulate || NameFacts::get(&facts.accumulate, l.detail) {
-            by_frames(Category::Gradient)
-        } else if l.hints & super::HINT_WORKSPACE != 0 && freed.is_none() {
-            by_frames(Category::Workspace)
+            Some(Category::Communication)
+        } else if NameFacts::get(&facts.accumulate, l.detail) {
+            Some(Category::Gradient)
         } else {
             match l.phase {
-                Phase::Optimizer => by_life(if same_run {
+                Phase::Optimizer => Some(if same_run {
                     Category::Temporary
                 } else {
                     Category::OptimizerState
@@ -453,84 +488,49 @@ pub(crate) fn assign_generic(
                     let inside = fl.is_some_and(|f| {
                         f.phase == Phase::Backward && f.train_step == l.train_step && f.mb == l.mb
                     });
+                    // kept past the `zero_grad` that dropped the gradients made beside it
+                    let kept_past_drop = drops
+                        .get(&run[i])
+                        .is_some_and(|&d| freed.is_none_or(|f| f > d));
                     if inside {
-                        by_life(Category::Temporary)
+                        Some(Category::Temporary)
+                    } else if param_sizes.contains(&events[i].size) && !kept_past_drop {
+                        Some(Category::Gradient)
+                    } else if outlives_later_backward() {
+                        // alive across a later step's whole backward, not a parameter's size
+                        Some(Category::Workspace)
                     } else {
-                        // a gradient or a workspace, once the parameters' sizes are known
-                        pending.push(i);
-                        continue;
+                        None
                     }
                 }
-                Phase::Forward => by_life(if same_run {
+                Phase::Forward => Some(if same_run || dropped_before_backward(i, freed) {
                     Category::Temporary
-                } else if bounds
-                    .later_backward(t)
-                    .is_some_and(|b| freed.is_none_or(|f| f > b))
-                {
+                } else if outlives_later_backward() {
                     Category::Workspace
                 } else {
                     Category::Activation
                 }),
-                _ if names.get(l.op) == "zero_grad" || same_run => by_life(Category::Temporary),
+                _ if names.get(l.op) == "zero_grad" || same_run => Some(Category::Temporary),
                 _ => {
-                    let next = bounds.next_forward(i);
-                    // alive past the backward of the step after the forward it precedes
-                    let persistent = match (next, freed) {
-                        (Some(s), None) => s + 1 < bounds.first_forward.len(),
-                        (Some(s), Some(f)) => bounds
-                            .last_backward
-                            .get(s + 1)
-                            .copied()
-                            .flatten()
-                            .is_some_and(|b| f > b),
-                        (None, _) => false,
-                    };
-                    let into_forward = next.is_some_and(|s| {
-                        let ff = bounds.first_forward[s].unwrap_or(usize::MAX);
-                        freed.is_none_or(|f| f > ff)
-                    });
-                    if l.hints & super::HINT_SETUP != 0 {
-                        by_frames(Category::Parameter)
-                    } else if persistent {
-                        by_life(Category::Parameter)
-                    } else if l.hints & super::HINT_INPUT != 0 {
-                        by_frames(Category::Input)
-                    } else if into_forward {
-                        by_life(Category::Input)
+                    // alive into the next forward (a micro-batch's, or the next step's)
+                    let k = forward_starts.partition_point(|&f| f <= i);
+                    let into_forward = forward_starts
+                        .get(k)
+                        .is_some_and(|&ff| freed.is_none_or(|f| f > ff));
+                    if into_forward {
+                        Some(Category::Input)
                     } else if fl.is_some_and(|f| f.train_step == l.train_step) {
-                        by_life(Category::Temporary)
+                        Some(Category::Temporary)
                     } else {
-                        by_life(Category::Unknown)
+                        None
                     }
                 }
             }
         };
-        if category == Category::Parameter {
-            param_sizes.insert(events[i].size);
-        }
-        labels[i].category = category;
-        if from_frames {
-            sources.frames += 1;
-            labels[i].hints |= super::HINT_BY_FRAMES;
-        } else {
-            sources.lifetime += 1;
+        if let Some(c) = category {
+            ledger.add(i, Evidence::Life, c);
         }
     }
-    for i in pending {
-        let t = labels[i].train_step as usize;
-        let free = replay.partner[i];
-        let outlives = |b: usize| free == NONE || free as usize > b;
-        labels[i].category = if !param_sizes.contains(&events[i].size)
-            && bounds.later_backward(t).is_some_and(outlives)
-        {
-            Category::Workspace
-        } else {
-            Category::Gradient
-        };
-        sources.lifetime += 1;
-    }
-    copy_to_frees(replay, &events[..n], labels);
-    sources
 }
 
 #[cfg(test)]

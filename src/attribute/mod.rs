@@ -14,11 +14,21 @@
 //!
 //! Events without a usable stack (backward runs on the autograd thread, whose allocations have
 //! no Python frames) are placed by time: they inherit the step, op and micro-batch of the call
-//! that was running on the main thread. Categories ([`category`]) then follow from stacks and
-//! lifetimes. Frees need no labels of their own: [`crate::replay::Replay::partner`] links each
-//! to its allocation.
+//! that was running on the main thread. Frees need no labels of their own:
+//! [`crate::replay::Replay::partner`] links each to its allocation.
+//!
+//! Categories come from evidence, each source in a module of its own that only adds what it
+//! saw to an `evidence::Ledger`: the program's own list of its tensors (`capture`),
+//! PyTorch's labels (`category::apply_labels`), the code PyTorch ran when a block was made or
+//! freed (`code_paths`), and the block's life over the phases ([`category`]). The ledger is
+//! the one place that decides: the strongest evidence wins, evidence of one strength that
+//! contradicts itself gives `unknown`, and every label keeps the kind of evidence that decided
+//! it ([`Evidence`]).
 
+mod capture;
 pub mod category;
+mod code_paths;
+pub mod evidence;
 pub mod frames;
 pub mod generic;
 mod infer;
@@ -37,6 +47,7 @@ use crate::replay::{Preview, Replay};
 use crate::snapshot::{Action, Snapshot};
 
 pub use category::Category;
+pub use evidence::Evidence;
 pub use schedule::Shape;
 
 /// Index of a label text in [`Names`]; 0 is the empty label. Sixteen bits keep a per-event
@@ -101,6 +112,11 @@ impl Names {
         self.texts.len() <= 1
     }
 
+    /// The id of a text, when it was interned.
+    pub fn find(&self, s: &str) -> Option<NameId> {
+        self.index.get(s).copied()
+    }
+
     /// The text of a label.
     pub fn get(&self, id: NameId) -> &str {
         self.texts.get(id.0 as usize).map_or("", |s| s)
@@ -124,6 +140,12 @@ pub enum Phase {
     Optimizer,
     /// Communication (p2p, collectives).
     Communication,
+    /// Setting the program up before its first step: building the model and the optimizer,
+    /// moving them to the device, loading weights.
+    Setup,
+    /// After the last step, once the code that ran the steps has returned: the loop dropping
+    /// its last batch, a trainer moving its state off the device.
+    WrapUp,
 }
 
 impl Phase {
@@ -135,6 +157,8 @@ impl Phase {
             Phase::Backward => "backward",
             Phase::Optimizer => "optimizer",
             Phase::Communication => "communication",
+            Phase::Setup => "set-up",
+            Phase::WrapUp => "wrap-up",
         }
     }
 }
@@ -176,20 +200,18 @@ pub struct Label {
     pub annotation: NameId,
     /// Index of the call (pipeline) or phase segment (generic) the event ran in.
     pub call: u32,
-    /// What the stack says of an allocation outside any phase ([`HINT_SETUP`],
-    /// [`HINT_INPUT`], [`HINT_WORKSPACE`]), for its category, and whether frames decided
-    /// that category ([`HINT_BY_FRAMES`]).
-    pub hints: u8,
+    /// What decided the category.
+    pub evidence: Evidence,
+    /// Facts of the event for later stages ([`CONTINUED_FREE`]).
+    pub flags: u8,
 }
 
-/// The stack sets a model up (`Module.to`, `_apply`, initialisation, `load_state_dict`).
-pub const HINT_SETUP: u8 = 1;
-/// The stack moves a batch to the device (data loaders, the loops' `to_device` helpers).
-pub const HINT_INPUT: u8 = 2;
-/// The stack is a library's workspace (cuBLAS, cuDNN C++ frames).
-pub const HINT_WORKSPACE: u8 = 4;
-/// The category was decided by frames rather than by the block's lifetime.
-pub const HINT_BY_FRAMES: u8 = 0x80;
+/// A free on the program's main thread whose own stack names no phase, which took the phase
+/// of the events before it.
+pub const CONTINUED_FREE: u8 = 1;
+/// An event whose stack names no phase, which took the phase of the events before it (the
+/// loss computed by the program between a forward and its backward).
+pub const CONTINUED: u8 = 2;
 
 impl Label {
     /// A label that says nothing yet: no step, op, micro-batch, layer or call.
@@ -206,19 +228,22 @@ impl Label {
         category: Category::Unknown,
         annotation: NameId(0),
         call: u32::MAX,
-        hints: 0,
+        evidence: Evidence::None,
+        flags: 0,
     };
 
     /// The label of a block that was alive before the first recorded event.
     pub const BEFORE_TRACE: Label = Label {
         category: Category::PreExisting,
+        evidence: Evidence::BeforeTrace,
         ..Label::EMPTY
     };
 
     /// Whether this labels a block alive before the first recorded event (as opposed to one
-    /// recorded in the trace whose category rules called it pre-existing).
+    /// recorded in the trace whose category rules called it pre-existing), whatever category
+    /// the evidence later gave it.
     pub fn is_before_trace(&self) -> bool {
-        self.category == Category::PreExisting && self.call == u32::MAX
+        self.call == u32::MAX && self.evidence != Evidence::None
     }
 }
 
@@ -309,6 +334,22 @@ pub struct Attribution {
     pub category_sources: category::CategorySources,
     /// Optimizer updates that allocated and freed nothing, in event order.
     pub quiet: Vec<generic::QuietPhase>,
+    /// What the program's own list of its tensors gave, when one lay beside the file.
+    pub capture: Option<CaptureInfo>,
+    /// The program's own number of each training step (index: `train_step`), when
+    /// `memsnap.Capture` wrote them; empty otherwise.
+    pub step_numbers: Vec<i64>,
+}
+
+/// What `memsnap.Capture`'s list of the program's tensors gave the attribution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct CaptureInfo {
+    /// Blocks the list named (each once).
+    pub blocks: usize,
+    /// Listed storages with no block of their address and bytes alive at the moment listed.
+    pub unmatched: usize,
+    /// The cap the allocator enforced, as the program read it.
+    pub allowed_bytes: Option<u64>,
 }
 
 impl Attribution {
@@ -317,6 +358,12 @@ impl Attribution {
     pub fn step_text(&self, l: &Label, multi_step: bool) -> String {
         let base = match l.pipe_step {
             STEP_NONE if l.is_before_trace() => return "before the trace".to_string(),
+            STEP_NONE if matches!(l.phase, Phase::Setup | Phase::WrapUp) => {
+                return l.phase.as_str().to_string()
+            }
+            STEP_NONE if l.phase == Phase::Other && self.names.get(l.op) == "zero_grad" => {
+                "zero_grad".to_string()
+            }
             STEP_NONE if self.preset == Preset::Generic && l.mb != NO_MB => {
                 format!("{} mb {}", l.phase.as_str(), l.mb)
             }
@@ -326,7 +373,7 @@ impl Attribution {
             n => format!("step {n}"),
         };
         if multi_step {
-            format!("train step {} · {base}", l.train_step)
+            format!("train step {} · {base}", self.step_number(l.train_step))
         } else {
             base
         }
@@ -340,6 +387,15 @@ impl Attribution {
             (f, NO_MB) => format!("{op} mb {f}"),
             (f, b) => format!("{op} mb {f}/{b}"),
         }
+    }
+
+    /// The number a training step is shown with: the program's own (from `memsnap.Capture`)
+    /// where it gave them, else counted from 0 at the first recorded step.
+    pub fn step_number(&self, train_step: u16) -> i64 {
+        self.step_numbers
+            .get(train_step as usize)
+            .copied()
+            .unwrap_or(train_step as i64)
     }
 
     /// Whether the trace spans more than one training step.
@@ -365,6 +421,7 @@ pub struct Labelled {
     pipeline: Option<PipelineInfo>,
     phase_sources: generic::PhaseSources,
     quiet: Vec<generic::QuietPhase>,
+    step_numbers: Vec<i64>,
 }
 
 /// Labels every event of one device with its step, op, phase and stage (everything but the
@@ -400,6 +457,15 @@ pub fn label(snap: &Snapshot, preview: &Preview, options: &Options) -> Labelled 
         &mut labels,
         preset == Preset::Generic,
     );
+    // the program's own steps, where it wrote them: their times decide the training steps
+    let step_numbers = match &snap.capture {
+        Some(c)
+            if preset == Preset::Generic && c.device == preview.device && !c.steps.is_empty() =>
+        {
+            generic::program_steps(events, &mut labels, &c.steps)
+        }
+        _ => Vec::new(),
+    };
     Labelled {
         device: preview.device,
         preset,
@@ -408,6 +474,7 @@ pub fn label(snap: &Snapshot, preview: &Preview, options: &Options) -> Labelled 
         pipeline: info,
         phase_sources,
         quiet: generic::quiet_phases(snap, preview.device),
+        step_numbers,
     }
 }
 
@@ -424,44 +491,78 @@ impl Labelled {
             pipeline,
             phase_sources,
             quiet,
+            step_numbers,
         } = self;
         let mut preexisting = vec![Label::BEFORE_TRACE; replay.preexisting.len()];
-        let mut category_sources = match preset {
+        let events = snap.trace(device);
+        if preset == Preset::Generic {
+            let other = names.intern(Phase::Other.as_str());
+            generic::frees_outside_phases(snap, replay, &mut labels, other);
+        }
+        let is_alloc = |i: usize| events.get(i).is_some_and(|e| e.action == Action::Alloc);
+        // every source adds its evidence; the ledger decides
+        let mut ledger = evidence::Ledger::new(labels.len());
+        match preset {
             Preset::Pithtrain => {
                 category::assign_pipeline(snap, replay, &names, &mut labels);
-                category::CategorySources::default()
+                for (i, l) in labels.iter().enumerate() {
+                    if is_alloc(i) {
+                        ledger.add(i, Evidence::Life, l.category);
+                    }
+                }
             }
-            Preset::Generic => category::assign_generic(snap, replay, &names, &mut labels),
-        };
-        category_sources.before_trace = preexisting.len() as u64;
-        let (labelled, disagreeing) = category::apply_labels(snap, snap.trace(device), &mut labels);
-        category_sources.labels = labelled.len() as u64;
-        category_sources.labels_disagreeing = disagreeing;
-        // each labelled allocation counts once, under its label, not under inference
-        for j in labelled {
-            let from = if labels[j].hints & HINT_BY_FRAMES != 0 {
-                &mut category_sources.frames
-            } else {
-                &mut category_sources.lifetime
-            };
-            *from = from.saturating_sub(1);
+            Preset::Generic => {
+                let run = category::runs(&labels);
+                code_paths::add(snap, replay, &names, &labels, &run, &mut ledger);
+                category::add_life(snap, replay, &names, &labels, &run, &mut ledger);
+            }
         }
+        let captured = snap.capture.as_ref().map(|c| {
+            capture::add(
+                snap,
+                replay,
+                c,
+                &mut names,
+                &mut labels,
+                &mut preexisting,
+                &mut ledger,
+            )
+        });
+        let disagreeing = category::apply_labels(snap, events, &mut ledger);
+        ledger.decide(&mut labels, is_alloc);
+        category::copy_to_frees(replay, events, &mut labels);
         if let Some(rules) = &options.rules {
             let before: Vec<Category> = labels.iter().map(|l| l.category).collect();
+            let before_pre: Vec<Category> = preexisting.iter().map(|l| l.category).collect();
             rules.apply(snap, replay, &mut names, &mut labels, &mut preexisting);
-            let events = snap.trace(device);
-            for (i, (l, b)) in labels.iter().zip(before).enumerate() {
-                if l.category != b && events.get(i).is_some_and(|e| e.action == Action::Alloc) {
-                    category_sources.rules += 1;
-                    let from = if l.hints & HINT_BY_FRAMES != 0 {
-                        &mut category_sources.frames
-                    } else {
-                        &mut category_sources.lifetime
-                    };
-                    *from = from.saturating_sub(1);
+            for (l, b) in labels.iter_mut().zip(before) {
+                if l.category != b {
+                    l.evidence = Evidence::Rules;
+                }
+            }
+            for (l, b) in preexisting.iter_mut().zip(before_pre) {
+                if l.category != b {
+                    l.evidence = Evidence::Rules;
                 }
             }
         }
+        let mut category_sources = category::CategorySources {
+            labels_disagreeing: disagreeing,
+            ..Default::default()
+        };
+        for (i, l) in labels.iter().enumerate() {
+            if is_alloc(i) {
+                category_sources.count(l.evidence);
+            }
+        }
+        for l in &preexisting {
+            category_sources.count(l.evidence);
+        }
+        let capture = captured.map(|m| CaptureInfo {
+            blocks: m.blocks,
+            unmatched: m.unmatched,
+            allowed_bytes: snap.capture.as_ref().and_then(|c| c.allowed_bytes),
+        });
         Attribution {
             device,
             preset,
@@ -472,6 +573,8 @@ impl Labelled {
             phase_sources,
             category_sources,
             quiet,
+            capture,
+            step_numbers,
         }
     }
 }

@@ -364,7 +364,9 @@ impl Replayer<'_> {
                 self.events[i].action.as_str()
             ));
         }
-        if self.model == SizeModel::Rounded {
+        // a trace that starts from an empty allocator needs no anchor: its rounded series
+        // starts at 0 like the allocator's, and nothing is left over for the memory before it
+        if self.model == SizeModel::Rounded && replay.preexisting.iter().any(|p| p.live) {
             anchor_at_end(&mut replay);
         }
         replay

@@ -19,8 +19,10 @@
 //! complete, did an allocation fail: a [`Preview`]) is at hand before the events are replayed
 //! ([`prepare`]), so that work needing only that can run meanwhile.
 //!
-//! `SizeModel::Rounded` counts each request rounded to 512 bytes instead of its block, anchored
-//! so that it ends at the snapshot's total: the simpler accounting other tools use.
+//! `SizeModel::Rounded` counts each request rounded to 512 bytes instead of its block: the
+//! simpler accounting other tools use. A trace with blocks alive before it is anchored so that
+//! it ends at the snapshot's total (the difference is memory from before the trace); one that
+//! starts from an empty allocator starts at 0.
 
 mod allocator;
 mod engine;

@@ -42,23 +42,10 @@ pub fn write_ranks(out: &mut dyn Write, ranks: &Ranks) -> io::Result<()> {
     line(out, ranks)
 }
 
-/// Writes `memsnap whatif` as a single JSON line; a device's `simulated` is an object when
-/// one setting was simulated and a list when several were.
+/// Writes `memsnap whatif` as a single JSON line; a device's `simulated` is a list, of one
+/// setting or of several alike (one shape whatever the options).
 pub fn write_whatif(out: &mut dyn Write, report: &super::whatif::WhatIfReport) -> io::Result<()> {
-    let mut value = serde_json::to_value(report)?;
-    if let Some(devices) = value.get_mut("devices").and_then(|d| d.as_array_mut()) {
-        for d in devices {
-            let single = d
-                .get("simulated")
-                .and_then(|s| s.as_array())
-                .filter(|s| s.len() == 1)
-                .map(|s| s[0].clone());
-            if let Some(one) = single {
-                d["simulated"] = one;
-            }
-        }
-    }
-    line(out, &value)
+    line(out, report)
 }
 
 /// Writes `memsnap whatif --scale` as a single JSON line.

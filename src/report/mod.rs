@@ -31,9 +31,18 @@ pub struct AttributionSummary {
     pub pipeline: Option<PipelineInfo>,
     /// Where the phases of events outside a pipeline came from (counts of events).
     pub phase_sources: crate::attribute::generic::PhaseSources,
-    /// What decided the categories of allocations (generic preset; counts of allocations).
+    /// What decided the categories of allocations (counts of allocations, by the kind of
+    /// evidence; the bytes at the peak are in `peak_breakdown.evidence`).
     #[serde(default)]
     pub category_sources: crate::attribute::category::CategorySources,
+    /// What the program's own list of its tensors (`memsnap.Capture`'s `.tensors.json`)
+    /// gave, when one lay beside the file.
+    #[serde(default)]
+    pub capture: Option<crate::attribute::CaptureInfo>,
+    /// The program's own number of each training step (index: the rows' `train_step`), when
+    /// that list gave them; empty otherwise.
+    #[serde(default)]
+    pub step_numbers: Vec<i64>,
 }
 
 /// Which stacks the recording kept.
@@ -293,6 +302,8 @@ impl DeviceReport {
                 pipeline: a.attribution.pipeline.clone(),
                 phase_sources: a.attribution.phase_sources,
                 category_sources: a.attribution.category_sources,
+                capture: a.attribution.capture,
+                step_numbers: a.attribution.step_numbers.clone(),
             },
             peak: a.peak_place.clone(),
             peak_breakdown,

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::whatif::{recorded_conf, Scenario};
+use super::whatif::{judged, recorded_conf, CapKnown, Scenario};
 use crate::analysis::{breakdown, DeviceAnalysis, Dimension, Share};
 use crate::simulate::{self, model::allocation_size, AllocConf, Options, Program};
 
@@ -74,10 +74,14 @@ pub struct OomExplanation {
     pub reserved_unallocated_bytes: u64,
     /// Free device memory the driver reported.
     pub device_free_bytes: u64,
-    /// The cap: given, or (`cap_inferred`) the most the run can have had.
+    /// The cap: given, written by `memsnap.Capture`, or (`cap_inferred`) the most the run can
+    /// have had.
     pub cap_bytes: Option<u64>,
     /// Whether `cap_bytes` was inferred.
     pub cap_inferred: bool,
+    /// What is known of the cap: where it came from and, when only bounded, the range the
+    /// trace allows (the what-ifs are judged over all of it).
+    pub cap: CapKnown,
     /// The device's total memory, when given.
     pub device_total_bytes: Option<u64>,
     /// Memory in use on the device outside PyTorch's cache (total − free − reserved), when
@@ -117,15 +121,18 @@ pub fn explain(a: &DeviceAnalysis, options: &OomOptions) -> Option<OomExplanatio
         .collect();
     let program = Program::new(snap, replay);
     let (recorded, _) = recorded_conf(a, options.recorded_conf.as_ref());
+    // the cap given, else the one the program wrote beside the snapshot
+    let captured = snap.capture.as_ref().and_then(|c| c.allowed_bytes);
     let (check, sim) = simulate::self_check(
         snap,
         replay,
         &program,
         &recorded,
-        options.cap,
+        options.cap.or(captured),
         options.device_total,
     );
     let cap = check.cap_bytes;
+    let known = CapKnown::of(a, options.cap, cap.filter(|_| check.cap_inferred));
     let alloc_size = allocation_size(oom.requested);
     let unallocated = oom.reserved.saturating_sub(oom.allocated);
     let largest = sim
@@ -145,12 +152,17 @@ pub fn explain(a: &DeviceAnalysis, options: &OomOptions) -> Option<OomExplanatio
             ),
         )
     } else if device_room {
-        let given = options.cap.filter(|_| !check.cap_inferred);
-        let limit = match (given, cap) {
-            (Some(c), _) => format!(" of {}", crate::units::bytes(c)),
-            (None, Some(c)) => format!(
-                " (set_per_process_memory_fraction; at most {} by what the trace shows)",
+        let given = known.bytes;
+        let limit = match (given, known.range) {
+            (Some(c), _) if known.from == super::whatif::CapFrom::Capture => format!(
+                " of {} (set_per_process_memory_fraction, as the program read it)",
                 crate::units::bytes(c)
+            ),
+            (Some(c), _) => format!(" of {}", crate::units::bytes(c)),
+            (None, Some([lo, hi])) => format!(
+                " (set_per_process_memory_fraction; between {} and {} by what the trace shows)",
+                crate::units::bytes(lo),
+                crate::units::bytes(hi)
             ),
             (None, None) => String::new(),
         };
@@ -199,18 +211,19 @@ pub fn explain(a: &DeviceAnalysis, options: &OomOptions) -> Option<OomExplanatio
     };
     let whatif = alternatives(&recorded)
         .into_iter()
-        .map(|conf| Scenario {
-            outcome: simulate::simulate(
-                snap,
-                replay,
-                &program,
-                &recorded,
-                &Options {
-                    conf,
-                    ..base.clone()
-                },
-            ),
-            min_cap_bytes: None,
+        .map(|conf| {
+            let o = Options {
+                conf,
+                ..base.clone()
+            };
+            let (outcome, verdict, verdict_cap_bytes) =
+                judged(snap, replay, &program, &recorded, &o, &known);
+            Scenario {
+                outcome,
+                min_cap_bytes: None,
+                verdict,
+                verdict_cap_bytes,
+            }
         })
         .collect();
     let min_cap_bytes = simulate::min_cap(snap, replay, &program, &recorded, &base);
@@ -225,6 +238,7 @@ pub fn explain(a: &DeviceAnalysis, options: &OomOptions) -> Option<OomExplanatio
         device_free_bytes: oom.device_free,
         cap_bytes: cap,
         cap_inferred: check.cap_inferred,
+        cap: known,
         device_total_bytes: options.device_total,
         non_pytorch_bytes: options.device_total.map(|t| {
             t.saturating_sub(oom.device_free)

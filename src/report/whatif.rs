@@ -61,6 +61,129 @@ pub struct Scenario {
     /// The smallest cap under which the recorded work fits (with `--min-cap`); `None` also
     /// when it never fits.
     pub min_cap_bytes: Option<u64>,
+    /// Whether the work fits under the run's cap, as far as the cap is known: `fits`,
+    /// `fails`, or `fits_if_cap_at_least` (`verdict_cap_bytes`) where the trace only bounds
+    /// the cap and the answer depends on where in that range it was.
+    #[serde(default = "Verdict::unjudged")]
+    pub verdict: Verdict,
+    /// The least cap it fits under, for `fits_if_cap_at_least`.
+    #[serde(default)]
+    pub verdict_cap_bytes: Option<u64>,
+}
+
+/// Whether a setting fits, as far as the run's cap is known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// It fits under the cap (known), or under every cap the trace allows.
+    Fits,
+    /// It fails under the cap (known), or under every cap the trace allows.
+    Fails,
+    /// It fits only if the cap was at least `verdict_cap_bytes`, which the trace cannot say.
+    FitsIfCapAtLeast,
+}
+
+impl Verdict {
+    fn unjudged() -> Verdict {
+        Verdict::Fits
+    }
+}
+
+/// Where a run's cap is known from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CapFrom {
+    /// `--cap`.
+    Given,
+    /// The program's `.tensors.json` (`memsnap.Capture`), the allocator's own figure.
+    Capture,
+    /// Only bounded by what the trace shows (`range`).
+    Trace,
+    /// Nothing says there was one.
+    None,
+}
+
+/// What is known of the per-process cap a run had.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct CapKnown {
+    /// The cap, when known: given, or written by `memsnap.Capture` as the allocator's own.
+    pub bytes: Option<u64>,
+    /// Where it is known from.
+    pub from: CapFrom,
+    /// Where the trace puts an unknown cap: at least the peak the run reserved, at most what
+    /// its refusals allow.
+    pub range: Option<[u64; 2]>,
+}
+
+impl CapKnown {
+    /// The cap of `a`'s run: `given` if set, else the capture's, else bounded by the trace
+    /// (`inferred`, the most the recorded refusals allow).
+    pub fn of(a: &DeviceAnalysis, given: Option<u64>, inferred: Option<u64>) -> CapKnown {
+        let captured = a.snap.capture.as_ref().and_then(|c| c.allowed_bytes);
+        match (given, captured, inferred) {
+            (Some(c), _, _) => CapKnown {
+                bytes: Some(c),
+                from: CapFrom::Given,
+                range: None,
+            },
+            (None, Some(c), _) => CapKnown {
+                bytes: Some(c),
+                from: CapFrom::Capture,
+                range: None,
+            },
+            (None, None, Some(hi)) => CapKnown {
+                bytes: None,
+                from: CapFrom::Trace,
+                range: Some([a.replay.peaks.reserved.bytes.min(hi), hi]),
+            },
+            (None, None, None) => CapKnown {
+                bytes: None,
+                from: CapFrom::None,
+                range: None,
+            },
+        }
+    }
+
+    /// The cap a simulation runs under: the known one, or the most the trace allows.
+    pub fn simulated(&self) -> Option<u64> {
+        self.bytes.or(self.range.map(|r| r[1]))
+    }
+}
+
+/// Simulates `conf` and judges it against what is known of the cap: a verdict that holds over
+/// the whole range the trace allows, or the least cap it needs within that range.
+pub(crate) fn judged(
+    snap: &crate::snapshot::Snapshot,
+    replay: &crate::replay::Replay,
+    program: &Program,
+    recorded: &AllocConf,
+    o: &Options,
+    cap: &CapKnown,
+) -> (Outcome, Verdict, Option<u64>) {
+    let outcome = simulate::simulate(snap, replay, program, recorded, o);
+    let Some([lo, _]) = cap.range.filter(|_| cap.bytes.is_none()) else {
+        let verdict = if outcome.fits() {
+            Verdict::Fits
+        } else {
+            Verdict::Fails
+        };
+        return (outcome, verdict, None);
+    };
+    // `outcome` ran under the most the trace allows
+    if !outcome.fits() {
+        return (outcome, Verdict::Fails, None);
+    }
+    let least = Options {
+        cap: Some(lo),
+        ..o.clone()
+    };
+    let tight = simulate::simulate(snap, replay, program, recorded, &least);
+    if tight.fits() {
+        // its figures under the least cap the trace allows, where it fits too
+        return (tight, Verdict::Fits, None);
+    }
+    let needs = simulate::min_cap(snap, replay, program, recorded, o);
+    (outcome, Verdict::FitsIfCapAtLeast, needs)
 }
 
 /// One device's answers.
@@ -74,6 +197,8 @@ pub struct DeviceWhatIf {
     pub recorded: Recorded,
     /// The simulation under the recorded settings against the recorded run.
     pub self_check: SelfCheck,
+    /// What is known of the run's cap, which every setting is judged against.
+    pub cap: CapKnown,
     /// Each setting tried, in order.
     pub simulated: Vec<Scenario>,
 }
@@ -101,6 +226,8 @@ impl DeviceWhatIf {
             None,
             options.device_total,
         );
+        let inferred = self_check.cap_bytes.filter(|_| self_check.cap_inferred);
+        let cap = CapKnown::of(a, options.cap, inferred);
         let confs = if options.confs.is_empty() {
             vec![recorded_conf.clone()]
         } else {
@@ -111,11 +238,12 @@ impl DeviceWhatIf {
             .map(|conf| {
                 let o = Options {
                     conf,
-                    cap: options.cap,
+                    cap: cap.simulated(),
                     device_total: options.device_total,
                     recorded_addresses: false,
                 };
-                let outcome = simulate::simulate(snap, replay, &program, &recorded_conf, &o);
+                let (outcome, verdict, verdict_cap_bytes) =
+                    judged(snap, replay, &program, &recorded_conf, &o, &cap);
                 let min_cap_bytes = options
                     .min_cap
                     .then(|| simulate::min_cap(snap, replay, &program, &recorded_conf, &o))
@@ -123,6 +251,8 @@ impl DeviceWhatIf {
                 Scenario {
                     outcome,
                     min_cap_bytes,
+                    verdict,
+                    verdict_cap_bytes,
                 }
             })
             .collect();
@@ -145,6 +275,7 @@ impl DeviceWhatIf {
                 }),
             },
             self_check,
+            cap,
             simulated,
         }
     }
@@ -337,9 +468,16 @@ fn predict_size(
                     simulate::min_cap(a.snap, &a.replay, &s.program, &base_conf, &o)
                 })
                 .flatten();
+            let verdict = if outcome.fits() {
+                Verdict::Fits
+            } else {
+                Verdict::Fails
+            };
             Scenario {
                 outcome,
                 min_cap_bytes,
+                verdict,
+                verdict_cap_bytes: None,
             }
         })
         .collect();

@@ -72,7 +72,14 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<Snapshot, Error> {
         return load_from(Input::Stream(Box::new(stdin)), path, options);
     }
     let file = std::fs::File::open(path).map_err(|e| Error::new(path, ErrorKind::Io(e)))?;
-    load_from(Input::File(file), path, options)
+    let mut snap = load_from(Input::File(file), path, options)?;
+    match super::tensors::read(path) {
+        Ok(found) => snap.capture = found,
+        Err(e) => snap
+            .side_file_problems
+            .push(format!("the tensors beside it were left out: {e}")),
+    }
+    Ok(snap)
 }
 
 /// Reads a snapshot from a file already open, which is what is read whatever `name` (the name

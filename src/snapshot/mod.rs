@@ -20,6 +20,7 @@ pub mod probes;
 #[cfg(unix)]
 mod split;
 mod stacks;
+pub mod tensors;
 
 use std::path::Path;
 
@@ -389,6 +390,11 @@ pub struct Snapshot {
     /// Facts about each distinct frame that the attribution stage tests in every stack,
     /// computed on first use (`attribute::frames`).
     pub(crate) frame_facts: std::sync::OnceLock<Vec<u8>>,
+    /// The program's own list of its tensors and steps (`<file>.tensors.json`, written by
+    /// `memsnap.Capture`), when one lies beside the file.
+    pub capture: Option<tensors::CaptureTensors>,
+    /// Why a side file beside the file was left out, in words.
+    pub side_file_problems: Vec<String>,
 }
 
 /// The most trailing path components a shortened file name is chosen among.

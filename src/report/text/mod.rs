@@ -441,6 +441,57 @@ pub(crate) fn write_shares(
     writeln!(out, "{}", out.table(&t, "  "))
 }
 
+/// The categories live at the peak, each with the bytes each kind of evidence decided
+/// (`code path 1.20 GiB · lifetime 3.00 MiB`), from the `evidence` breakdown.
+fn write_categories(
+    out: &mut Out,
+    title: &str,
+    shares: &[Share],
+    evidence: &[Share],
+    total: u64,
+    top: usize,
+) -> io::Result<()> {
+    if shares.is_empty() {
+        return Ok(());
+    }
+    let mut t = table(&[title, "bytes", "share", "count", "decided by"]);
+    if let Some(c) = t.column_mut(4) {
+        c.set_cell_alignment(CellAlignment::Left);
+    }
+    for s in shares.iter().take(top) {
+        let prefix = format!("{} · ", s.label);
+        let decided: Vec<String> = evidence
+            .iter()
+            .filter_map(|e| {
+                e.label
+                    .strip_prefix(&prefix)
+                    .map(|kind| format!("{kind} {}", units::bytes(e.bytes)))
+            })
+            .collect();
+        t.add_row(vec![
+            shorten_left(&s.label, MAX_LABEL),
+            units::bytes(s.bytes),
+            units::percent(s.bytes, total),
+            units::count(s.count),
+            decided.join(" · "),
+        ]);
+    }
+    if shares.len() > top {
+        let rest = &shares[top..];
+        let bytes: u64 = rest.iter().map(|s| s.bytes).sum();
+        let count: u64 = rest.iter().map(|s| s.count).sum();
+        t.add_row(vec![
+            format!("({} more)", rest.len()),
+            units::bytes(bytes),
+            units::percent(bytes, total),
+            units::count(count),
+            String::new(),
+        ]);
+    }
+    writeln!(out)?;
+    writeln!(out, "{}", out.table(&t, "  "))
+}
+
 /// The reserved bytes of each pool, when private pools (CUDA graphs, `MemPool`s) were used.
 fn write_pools(out: &mut dyn Write, d: &DeviceReport) -> io::Result<()> {
     if d.pools.is_empty() {
@@ -488,61 +539,9 @@ fn write_attribution(out: &mut Out, d: &DeviceReport, options: &TextOptions) -> 
         let place = out.text(&place.join(" · "));
         writeln!(out, "  the peak was reached in {place}")?;
     }
-    if d.attribution.pipeline.is_none() {
-        let s = &d.attribution.phase_sources;
-        write_counts(
-            out,
-            "phases from",
-            &[
-                (s.frames, "stack frames"),
-                (s.metadata, "memory metadata"),
-                (s.annotation, "record_function"),
-                (s.autograd_thread, "autograd thread"),
-                (s.continued, "continued (frees)"),
-                (s.none, "no evidence: other"),
-            ],
-        )?;
-        let c = &d.attribution.category_sources;
-        write_counts(
-            out,
-            "categories from",
-            &[
-                (c.lifetime, "lifetime"),
-                (c.frames, "stack frames"),
-                (c.labels, "PyTorch's labels"),
-                (c.rules, "rules"),
-                (c.before_trace, "alive before the trace"),
-            ],
-        )?;
-        if c.labels_disagreeing > 0 {
-            writeln!(
-                out,
-                "  inference gave {} of the {} labelled allocations another category",
-                c.labels_disagreeing, c.labels
-            )?;
-        }
-    }
-    if let Some(info) = &d.attribution.pipeline {
-        let from = match &info.steps_from {
-            crate::attribute::StepSource::Source { file } => format!("from the source {file}"),
-            crate::attribute::StepSource::Inferred => "inferred from the trace".to_string(),
-        };
-        let shape = info.shape.map_or(String::new(), |s| {
-            let least = if info.chunks_known { "" } else { "at least " };
-            format!(
-                "; pipeline rank {} of {}, {least}{} micro-batches",
-                s.rank, s.ranks, s.chunks
-            )
-        });
-        let cut = info.cut_in.map_or(String::new(), |s| {
-            format!("; cut short in step {s} by the out-of-memory error")
-        });
-        let from = out.text(&from);
-        writeln!(out, "  DualPipeV steps {from}{shape}{cut}")?;
-        if let Some(note) = &info.note {
-            let note = out.text(note);
-            writeln!(out, "  note: {note}")?;
-        }
+    match &d.attribution.pipeline {
+        None => write_evidence(out, d)?,
+        Some(info) => write_pipeline(out, info)?,
     }
     let total = d.peak_allocated_bytes;
     for dim in &options.by {
@@ -555,53 +554,16 @@ fn write_attribution(out: &mut Out, d: &DeviceReport, options: &TextOptions) -> 
                 None => continue,
             }
         };
-        write_shares(
-            out,
-            &format!("live at the peak, by {name}"),
-            shares,
-            total,
-            options.top,
-        )?;
+        let title = format!("live at the peak, by {name}");
+        match (dim, d.peak_breakdown.get(Dimension::Evidence.as_str())) {
+            (Dimension::Category, Some(evidence)) => {
+                write_categories(out, &title, shares, evidence, total, options.top)?
+            }
+            _ => write_shares(out, &title, shares, total, options.top)?,
+        }
     }
     if !d.steps.is_empty() {
-        let with_iterations = d.steps.iter().any(|r| r.iterations.is_some());
-        let mut header = vec!["steps", "loops", "start", "end", "peak", "peak is mostly"];
-        if !with_iterations {
-            header.remove(1);
-        }
-        let mut t = table(&header);
-        if let Some(c) = t.column_mut(header.len() - 1) {
-            c.set_cell_alignment(CellAlignment::Left);
-        }
-        for row in &d.steps {
-            let mostly = row
-                .peak_categories
-                .iter()
-                .take(2)
-                .map(|s| {
-                    format!(
-                        "{} {}",
-                        s.label,
-                        units::percent(s.bytes, row.peak_allocated_bytes)
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join(", ");
-            let mut cells = vec![
-                row.label.clone(),
-                row.iterations.map_or(String::new(), |n| n.to_string()),
-                units::bytes(row.start_allocated_bytes),
-                units::bytes(row.end_allocated_bytes),
-                units::bytes(row.peak_allocated_bytes),
-                mostly,
-            ];
-            if !with_iterations {
-                cells.remove(1);
-            }
-            t.add_row(cells);
-        }
-        writeln!(out)?;
-        writeln!(out, "{}", out.table(&t, "  "))?;
+        write_steps(out, d)?;
     }
     if !options.by.contains(&Dimension::Site) {
         write_shares(
@@ -612,6 +574,132 @@ fn write_attribution(out: &mut Out, d: &DeviceReport, options: &TextOptions) -> 
             options.top,
         )?;
     }
+    Ok(())
+}
+
+/// Where the phases and categories came from, and what the program's own capture named.
+fn write_evidence(out: &mut Out, d: &DeviceReport) -> io::Result<()> {
+    let s = &d.attribution.phase_sources;
+    write_counts(
+        out,
+        "phases from",
+        &[
+            (s.frames, "stack frames"),
+            (s.metadata, "memory metadata"),
+            (s.annotation, "record_function"),
+            (s.autograd_thread, "autograd thread"),
+            (s.continued, "continued (frees)"),
+            (s.none, "no evidence: other"),
+        ],
+    )?;
+    let c = &d.attribution.category_sources;
+    write_counts(
+        out,
+        "categories from",
+        &[
+            (c.capture, "the program's tensors (capture)"),
+            (c.labels, "PyTorch's labels"),
+            (c.code, "code paths"),
+            (c.lifetime, "lifetime"),
+            (c.rules, "rules"),
+            (c.before_trace, "alive before the trace"),
+            (c.conflicting, "conflicting evidence: unknown"),
+            (c.none, "no evidence: unknown"),
+        ],
+    )?;
+    if c.labels_disagreeing > 0 {
+        writeln!(
+            out,
+            "  inference gave {} of the {} labelled allocations another category",
+            c.labels_disagreeing, c.labels
+        )?;
+    }
+    if let Some(k) = &d.attribution.capture {
+        let cap = k
+            .allowed_bytes
+            .map_or(String::new(), |b| format!("; cap {}", units::bytes(b)));
+        let missing = if k.unmatched > 0 {
+            format!(
+                ", {} listed storages not found",
+                units::count(k.unmatched as u64)
+            )
+        } else {
+            String::new()
+        };
+        writeln!(
+            out,
+            "  the program's own list of its tensors (memsnap.Capture) named {}{missing}{cap}",
+            units::counted(k.blocks as u64, "block")
+        )?;
+    }
+    Ok(())
+}
+
+/// How the DualPipeV steps were found, and the pipeline's shape.
+fn write_pipeline(out: &mut Out, info: &crate::attribute::PipelineInfo) -> io::Result<()> {
+    let from = match &info.steps_from {
+        crate::attribute::StepSource::Source { file } => format!("from the source {file}"),
+        crate::attribute::StepSource::Inferred => "inferred from the trace".to_string(),
+    };
+    let shape = info.shape.map_or(String::new(), |s| {
+        let least = if info.chunks_known { "" } else { "at least " };
+        format!(
+            "; pipeline rank {} of {}, {least}{} micro-batches",
+            s.rank, s.ranks, s.chunks
+        )
+    });
+    let cut = info.cut_in.map_or(String::new(), |s| {
+        format!("; cut short in step {s} by the out-of-memory error")
+    });
+    let from = out.text(&from);
+    writeln!(out, "  DualPipeV steps {from}{shape}{cut}")?;
+    if let Some(note) = &info.note {
+        let note = out.text(note);
+        writeln!(out, "  note: {note}")?;
+    }
+    Ok(())
+}
+
+/// The steps' table: start, end and peak of each, and what the peak mostly is.
+fn write_steps(out: &mut Out, d: &DeviceReport) -> io::Result<()> {
+    let with_iterations = d.steps.iter().any(|r| r.iterations.is_some());
+    let mut header = vec!["steps", "loops", "start", "end", "peak", "peak is mostly"];
+    if !with_iterations {
+        header.remove(1);
+    }
+    let mut t = table(&header);
+    if let Some(c) = t.column_mut(header.len() - 1) {
+        c.set_cell_alignment(CellAlignment::Left);
+    }
+    for row in &d.steps {
+        let mostly = row
+            .peak_categories
+            .iter()
+            .take(2)
+            .map(|s| {
+                format!(
+                    "{} {}",
+                    s.label,
+                    units::percent(s.bytes, row.peak_allocated_bytes)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut cells = vec![
+            row.label.clone(),
+            row.iterations.map_or(String::new(), |n| n.to_string()),
+            units::bytes(row.start_allocated_bytes),
+            units::bytes(row.end_allocated_bytes),
+            units::bytes(row.peak_allocated_bytes),
+            mostly,
+        ];
+        if !with_iterations {
+            cells.remove(1);
+        }
+        t.add_row(cells);
+    }
+    writeln!(out)?;
+    writeln!(out, "{}", out.table(&t, "  "))?;
     Ok(())
 }
 

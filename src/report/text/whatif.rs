@@ -7,7 +7,8 @@ use comfy_table::{CellAlignment, Table};
 use super::{table, write_shares, Out, TextOptions};
 use crate::report::oom::{DeviceOom, OomExplanation, OomReport};
 use crate::report::whatif::{
-    DeviceWhatIf, ScaleCheck, ScaleReport, Scenario, SizePrediction, WhatIfReport,
+    CapFrom, CapKnown, DeviceWhatIf, ScaleCheck, ScaleReport, Scenario, SizePrediction, Verdict,
+    WhatIfReport,
 };
 use crate::simulate::scale::{Growth, Method};
 use crate::simulate::{SelfCheck, SimOom};
@@ -44,6 +45,9 @@ fn write_device(out: &mut Out, file: &str, d: &DeviceWhatIf) -> io::Result<()> {
         units::counted(d.events as u64, "event")
     )?;
     writeln!(out, "  {}", self_check_line(&d.self_check))?;
+    if let Some(line) = cap_line(&d.cap, d.recorded.oom.is_some()) {
+        writeln!(out, "  {line}")?;
+    }
     let with_min_cap = d.simulated.iter().any(|s| s.min_cap_bytes.is_some());
     let header = scenario_header(with_min_cap);
     let mut t = table(&header);
@@ -89,6 +93,36 @@ fn write_device(out: &mut Out, file: &str, d: &DeviceWhatIf) -> io::Result<()> {
     writeln!(out)
 }
 
+/// What the simulations assumed of the cap, when that needs saying.
+fn cap_line(cap: &CapKnown, recorded_oom: bool) -> Option<String> {
+    match (cap.from, cap.range, cap.bytes) {
+        (CapFrom::Capture, _, Some(c)) => Some(format!(
+            "cap {}: the allocator's own, as the program read it (memsnap.Capture)",
+            units::bytes(c)
+        )),
+        (CapFrom::Trace, Some([lo, hi]), _) => Some(format!(
+            "the cap is not recorded: between {} (the peak the run reserved) and {} (what its refusals allow); each outcome holds over that whole range, or names the cap it needs (--cap gives the real one)",
+            units::bytes(lo),
+            units::bytes(hi)
+        )),
+        (CapFrom::None, _, _) if recorded_oom => Some(
+            "no cap applied: the trace does not bound one (--cap gives the real one)".to_string(),
+        ),
+        _ => None,
+    }
+}
+
+/// A setting's outcome, judged against what is known of the cap.
+fn verdict_text(s: &Scenario) -> String {
+    match (s.verdict, s.verdict_cap_bytes) {
+        (Verdict::FitsIfCapAtLeast, Some(c)) => {
+            format!("fits if the cap is at least {}", units::bytes(c))
+        }
+        (Verdict::FitsIfCapAtLeast, None) => "fits under some caps of the range".to_string(),
+        _ => outcome_text(s.outcome.oom.as_ref()),
+    }
+}
+
 /// The columns of a simulated setting's row ([`scenario_row`]).
 fn scenario_header(with_min_cap: bool) -> Vec<&'static str> {
     let mut header = vec![
@@ -130,7 +164,7 @@ fn scenario_row(s: &Scenario, with_min_cap: bool) -> Vec<String> {
         units::bytes(o.peak_allocated_bytes),
         units::bytes(o.peak_reserved_bytes),
         units::bytes(o.fragmentation_at_peak_bytes),
-        outcome_text(o.oom.as_ref()),
+        verdict_text(s),
     ];
     if with_min_cap {
         row.insert(
@@ -280,12 +314,17 @@ pub fn write_explanation(
             units::bytes(e.largest_free_block_bytes)
         ),
     ];
-    if let Some(c) = e.cap_bytes {
-        facts.push(if e.cap_inferred {
-            format!("cap at most {} (inferred)", units::bytes(c))
-        } else {
-            format!("cap {}", units::bytes(c))
-        });
+    match (e.cap.bytes, e.cap.range) {
+        (Some(c), _) if e.cap.from == CapFrom::Capture => {
+            facts.push(format!("cap {} (the program's)", units::bytes(c)))
+        }
+        (Some(c), _) => facts.push(format!("cap {}", units::bytes(c))),
+        (None, Some([lo, hi])) => facts.push(format!(
+            "cap between {} and {} (not recorded)",
+            units::bytes(lo),
+            units::bytes(hi)
+        )),
+        (None, None) => {}
     }
     if let Some(n) = e.non_pytorch_bytes {
         facts.push(format!("outside PyTorch {}", units::bytes(n)));
@@ -314,10 +353,12 @@ pub fn write_explanation(
         e.allocated_bytes,
         options.top.min(5),
     )?;
-    let title = match (e.cap_bytes, e.cap_inferred) {
-        (Some(c), false) => format!("what if, cap {}", units::bytes(c)),
-        (Some(c), true) => format!("what if, cap {} (inferred)", units::bytes(c)),
-        (None, _) => "what if".to_string(),
+    let title = match (e.cap.bytes, e.cap.range) {
+        (Some(c), _) => format!("what if, cap {}", units::bytes(c)),
+        (None, Some([lo, hi])) => {
+            format!("what if, cap {} to {}", units::bytes(lo), units::bytes(hi))
+        }
+        (None, None) => "what if".to_string(),
     };
     let mut t = table(&[&title, "peak allocated", "peak reserved", "outcome"]);
     if let Some(c) = t.column_mut(3) {
@@ -329,7 +370,7 @@ pub fn write_explanation(
             o.alloc_conf.clone(),
             units::bytes(o.peak_allocated_bytes),
             units::bytes(o.peak_reserved_bytes),
-            outcome_text(o.oom.as_ref()),
+            verdict_text(s),
         ]);
     }
     writeln!(out)?;
@@ -340,10 +381,10 @@ pub fn write_explanation(
             writeln!(out, "  {conf}: {}", failure_text(o))?;
         }
     }
-    if e.cap_inferred {
+    if e.cap.range.is_some() && e.cap.bytes.is_none() {
         writeln!(
             out,
-            "  the snapshot does not record the cap: these use the most it can have been; give --cap for the real one"
+            "  the snapshot does not record the cap: each outcome holds for every cap the trace allows, or names the cap it needs; give --cap for the real one"
         )?;
     }
     writeln!(
