@@ -276,7 +276,7 @@ fn fuzzing_findings_stay_fixed() {
     );
     for file in files {
         let file = file.to_string_lossy();
-        for command in ["report", "whatif"] {
+        for command in ["report", "whatif", "oom"] {
             let o = memsnap(&[command, "--max-memory", LIMIT, &file]);
             let err = stderr(&o);
             assert!(

@@ -404,19 +404,23 @@ pub fn min_cap(
     if !free.fits() {
         return None;
     }
-    let mut hi = free.peak_reserved_bytes.div_ceil(STEP) * STEP;
-    let mut lo = (free.peak_allocated_bytes / STEP * STEP).saturating_sub(STEP);
+    // both ends multiples of STEP, `lo` below `hi` whatever the figures (a hostile trace can
+    // claim more allocated than reserved)
+    let mut hi = free.peak_reserved_bytes.div_ceil(STEP).saturating_mul(STEP);
+    let mut lo = (free.peak_allocated_bytes / STEP * STEP)
+        .saturating_sub(STEP)
+        .min(hi.saturating_sub(STEP));
     if !run(Some(hi)).fits() {
         // Releasing under a cap can need more than the free run reserved: widen.
         let mut widen = hi;
         loop {
-            widen = widen.saturating_mul(2);
+            widen = widen.saturating_mul(2).max(STEP);
             if run(Some(widen)).fits() {
                 lo = hi;
                 hi = widen;
                 break;
             }
-            if widen > free.peak_reserved_bytes.saturating_mul(8) {
+            if widen > free.peak_reserved_bytes.saturating_mul(8) || widen == u64::MAX {
                 return None;
             }
         }

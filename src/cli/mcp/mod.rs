@@ -12,8 +12,8 @@
 //! file several questions decodes it once. Bad input (a path outside the roots, a missing or
 //! hostile file, an unknown moment) is answered with an MCP error naming it.
 
-mod roots;
-mod transport;
+pub(crate) mod roots;
+pub(crate) mod transport;
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};

@@ -22,7 +22,7 @@ pub const MAX_LINE: usize = 4 << 20;
 const HEAD: usize = 4096;
 
 /// What the reading thread hands over.
-enum Incoming {
+pub(crate) enum Incoming {
     Message(Box<RxJsonRpcMessage<RoleServer>>),
     /// An answer the reader made itself (to a line it could not take), to be written as is.
     Reply(Vec<u8>),
@@ -117,10 +117,18 @@ impl Transport<RoleServer> for Stdio {
 }
 
 /// Reads messages until the input ends or nobody listens.
-fn read_lines(
+fn read_lines(input: impl BufRead, max: usize, to: &tokio::sync::mpsc::UnboundedSender<Incoming>) {
+    each_line(input, max, |item| to.send(item).is_ok());
+}
+
+/// What each line of `input` asks of the server, in order, handed to `take` until it says
+/// stop or the input ends: a message, or the error answer to a line that is none (one over
+/// `max` bytes, or JSON that is no message). Memory stays within `max` plus [`HEAD`] whatever
+/// the input.
+pub(crate) fn each_line(
     mut input: impl BufRead,
     max: usize,
-    to: &tokio::sync::mpsc::UnboundedSender<Incoming>,
+    mut take: impl FnMut(Incoming) -> bool,
 ) {
     let mut line = Vec::new();
     loop {
@@ -149,7 +157,7 @@ fn read_lines(
                 id,
             ))
         };
-        if to.send(item).is_err() {
+        if !take(item) {
             return;
         }
     }
