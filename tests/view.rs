@@ -437,10 +437,15 @@ fn two_and_sixty_four_ranks() {
         .map(|p| p.to_string_lossy().into_owned())
         .collect();
     assert_eq!(shown(&results[1]), peaks(&sources));
-    // the panels are in rank order
+    // the panels are in rank order, each labelled by its rank, not by the end of its name
     for (k, x) in results[1]["ranks"].as_array().unwrap().iter().enumerate() {
         let file = x["file"].as_str().unwrap();
         assert!(file.contains(&format!("rank{k}_")), "{k}: {file}");
+    }
+    for r in &results {
+        let labels = r["thumbnails"].as_array().expect("thumbnails");
+        let want: Vec<String> = (0..labels.len()).map(|k| format!("rank {k}")).collect();
+        assert_eq!(labels, &want);
     }
 }
 

@@ -123,7 +123,12 @@ pub fn run(args: ViewArgs) -> Result<(), Failure> {
     }
     let compare_text = compare_text(profiles, &failures);
     let title = args.title.clone().unwrap_or_else(|| match panels.len() {
-        1 => format!("memsnap · {}", shown_names[0].0),
+        1 => format!(
+            "memsnap · {}",
+            files[0]
+                .file_name()
+                .map_or_else(|| names[0].clone(), |n| n.to_string_lossy().into_owned())
+        ),
         n => format!("memsnap · {n} snapshots"),
     });
     let page = Page::new(page::Parts {

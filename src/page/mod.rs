@@ -1088,16 +1088,24 @@ fn peak_flame(a: &DeviceAnalysis, strings: &mut Texts) -> Flame {
     }
 }
 
-/// The page's display name of each file: its rank when the names say one, else the shortest
-/// unambiguous tail of its path.
+/// The page's display name of each file, with its rank: `rank 3` when the name says a rank no
+/// other file says, else the shortest tail of its path that no other file ends with.
 pub fn names(files: &[&str]) -> Vec<(String, Option<u32>)> {
     let short = crate::report::compare::short_paths(files);
-    files
+    let ranks: Vec<Option<u32>> = files
         .iter()
-        .zip(short)
-        .map(|(f, s)| {
-            let rank = crate::report::compare::rank_from_name(f);
-            (s, rank)
+        .map(|f| crate::report::compare::rank_from_name(f))
+        .collect();
+    let mut seen: HashMap<u32, usize> = HashMap::new();
+    for r in ranks.iter().flatten() {
+        *seen.entry(*r).or_default() += 1;
+    }
+    short
+        .into_iter()
+        .zip(ranks)
+        .map(|(s, rank)| match rank {
+            Some(r) if seen.get(&r) == Some(&1) => (format!("rank {r}"), rank),
+            _ => (s, rank),
         })
         .collect()
 }
@@ -1169,6 +1177,36 @@ const SCRIPT: &str = include_str!("page.js");
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn files_are_named_by_their_rank_else_by_the_tail_that_tells_them_apart() {
+        let n = |files: &[&str]| -> Vec<String> { names(files).into_iter().map(|x| x.0).collect() };
+        assert_eq!(
+            n(&[
+                "/a/memory_snapshot_rank3_step0.pickle.xz",
+                "/a/memory_snapshot_rank12_step0.pickle.xz"
+            ]),
+            ["rank 3", "rank 12"]
+        );
+        // the same rank twice (two steps): the names tell them apart
+        assert_eq!(
+            n(&[
+                "/x/rank0_step0.pickle",
+                "/x/rank0_step1.pickle",
+                "/x/rank1_step0.pickle"
+            ]),
+            ["rank0_step0.pickle", "rank0_step1.pickle", "rank 1"]
+        );
+        // no rank: the whole base name, never its cut end
+        assert_eq!(
+            n(&["/t/huge0.pickle", "/t/huge1.pickle"]),
+            ["huge0.pickle", "huge1.pickle"]
+        );
+        assert_eq!(
+            n(&["/a/s.pickle", "/b/s.pickle"]),
+            ["a/s.pickle", "b/s.pickle"]
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -178,6 +178,19 @@
     el("div", { class: "group" + (panels.length > 1 ? "" : " hidden") }, el("span", { class: "note", text: "rank" }), rankSelect),
     el("div", { class: "group" }, peakButton, oomButton, zoomIn, zoomOut, resetButton));
 
+  // `text` as drawn in `width` pixels: whole when it fits, else its beginning and end around
+  // an ellipsis, so that the rank or step a name ends with stays readable
+  function fitText(g, text, width) {
+    if (g.measureText(text).width <= width) return text;
+    const chars = Array.from(text);
+    for (let keep = chars.length - 1; keep > 1; keep--) {
+      const head = Math.ceil(keep / 2), tail = keep - head;
+      const t = chars.slice(0, head).join("") + "…" + chars.slice(chars.length - tail).join("");
+      if (g.measureText(t).width <= width) return t;
+    }
+    return "…";
+  }
+
   function panelName(p) {
     const dev = DATA.reports[p.report].devices.length > 1 ? " · " + deviceName(p.device) : "";
     return p.name + dev;
@@ -528,7 +541,7 @@
           if (k === state.panel) { g.fillStyle = css("--band"); g.fillRect(0, 0, w, h); }
           g.fillStyle = css("--fg"); g.font = (k === state.panel ? "bold " : "") + "11px system-ui, sans-serif";
           g.textAlign = "right"; g.textBaseline = "middle";
-          g.fillText(panelName(p).slice(-10), f.l - 6, h / 2);
+          g.fillText(fitText(g, panelName(p), f.l - 8), f.l - 6, h / 2);
           g.fillStyle = css("--accent"); g.globalAlpha = 0.7;
           for (const col of envelope(v, f)) g.fillRect(col.pa, y(col.hi), Math.max(1, col.pb - col.pa + 1), f.b - y(col.hi));
           g.globalAlpha = 1;

@@ -120,6 +120,7 @@ async function check(outDir, interact, ranks) {
     if (outDir) await page.screenshot({ path: path.join(outDir, "desktop-peak.png"), fullPage: true });
     if (ranks) {
       result.ranks = [];
+      result.thumbnails = await page.$$eval("#ranks canvas", (cs) => cs.map((c) => c.getAttribute("aria-label")));
       const n = result.panels;
       for (let k = 0; k < Math.min(n, 64); k++) {
         await page.evaluate((k) => window.memsnapView.choosePanel(k), k);
