@@ -432,7 +432,8 @@ pub struct RankRow {
 impl Ranks {
     /// Builds the table from profiles `(position given, profile)` and failures `(position
     /// given, file, message)`. Rows are in rank order (the position given where the file name
-    /// has no rank), then by device. Only devices with events take part in highest and lowest.
+    /// has no rank), then by device. Only GPU devices with events and a peak above zero take part in
+    /// highest and lowest.
     pub fn new(
         mut profiles: Vec<(usize, Profile)>,
         failures: Vec<(usize, String, String)>,
@@ -488,7 +489,14 @@ impl Ranks {
             rows.push((row, None));
         }
         rows.sort_by_key(|(r, _)| (r.rank, r.error.is_some(), r.device));
-        let with_events = |k: &Option<usize>| k.is_some_and(|k| profiles[k].1.report.events > 0);
+        // GPU devices with events and a peak take part: pinned host memory is another
+        // allocator's, and a device that never held a byte explains nothing
+        let with_events = |k: &Option<usize>| {
+            k.is_some_and(|k| {
+                let r = &profiles[k].1.report;
+                r.events > 0 && r.device != crate::units::HOST_DEVICE && r.peak_allocated_bytes > 0
+            })
+        };
         let pick = |higher: bool| {
             let mut pick: Option<usize> = None;
             for (i, (r, k)) in rows.iter().enumerate() {

@@ -210,6 +210,8 @@ pub fn write_ranks(out: &mut Out, ranks: &Ranks, top: usize) -> io::Result<()> {
         header.pop();
     }
     let mut t = table(&header);
+    // on a terminal, the table wraps its text cells to the terminal's width
+    t.set_content_arrangement(comfy_table::ContentArrangement::Dynamic);
     for c in 4..header.len() {
         if let Some(col) = t.column_mut(c) {
             col.set_cell_alignment(comfy_table::CellAlignment::Left);
@@ -277,16 +279,22 @@ fn row_cells(ranks: &Ranks, r: &RankRow, i: usize, file: &str) -> Vec<String> {
     } else {
         format!("#{}", r.rank)
     };
-    let device = r.device.map_or("-".to_string(), |d| d.to_string());
+    let device = r.device.map_or("-".to_string(), |d| {
+        if d == crate::units::HOST_DEVICE {
+            "host (pinned)".to_string()
+        } else {
+            d.to_string()
+        }
+    });
     match &r.error {
         Some(e) => vec![
             rank,
             device,
             "-".into(),
             "-".into(),
-            format!("error: {e}"),
+            middle(&format!("error: {e}"), 2 * CELL),
             String::new(),
-            file.to_string(),
+            shorten_left(file, CELL),
         ],
         None => vec![
             rank,
@@ -296,7 +304,7 @@ fn row_cells(ranks: &Ranks, r: &RankRow, i: usize, file: &str) -> Vec<String> {
                 units::bytes(r.peak_allocated_bytes.unwrap_or(0))
             ),
             units::bytes(r.peak_reserved_bytes.unwrap_or(0)),
-            r.peak.as_ref().map(place).unwrap_or_default(),
+            middle(&r.peak.as_ref().map(place).unwrap_or_default(), CELL),
             r.top_category
                 .as_ref()
                 .map(|s| {
@@ -308,9 +316,27 @@ fn row_cells(ranks: &Ranks, r: &RankRow, i: usize, file: &str) -> Vec<String> {
                     )
                 })
                 .unwrap_or_default(),
-            file.to_string(),
+            shorten_left(file, CELL),
         ],
     }
+}
+
+/// The most characters a text cell of the rank table shows, so that a table of any names
+/// stays within a wide terminal.
+const CELL: usize = 40;
+
+/// `s` within `max` characters: its beginning and its end around an ellipsis, so that both a
+/// step's name and a file's rank stay readable.
+fn middle(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max {
+        return s.to_string();
+    }
+    let head = (max - 1) / 2;
+    let tail = max - 1 - head;
+    let start: String = s.chars().take(head).collect();
+    let end: String = s.chars().skip(n - tail).collect();
+    format!("{start}…{end}")
 }
 
 /// Why the highest rank peaks above the lowest, with the two in table order.
@@ -347,10 +373,31 @@ fn write_why(out: &mut Out, why: &Pair, top: usize) -> io::Result<()> {
             out.prose(&format!("{} holds more of: {more}", hi.name))?;
         }
     }
-    let (a, b) = (&why.a.name, &why.b.name);
+    // the tables read from the higher rank's side: its column first, the difference what it
+    // holds more
+    let toward_hi = |rows: &[Diff]| -> Vec<Diff> {
+        rows.iter()
+            .map(|d| {
+                if b_higher {
+                    Diff {
+                        label: d.label.clone(),
+                        a_bytes: d.b_bytes,
+                        b_bytes: d.a_bytes,
+                        diff_bytes: d.diff_bytes,
+                    }
+                } else {
+                    Diff {
+                        diff_bytes: -d.diff_bytes,
+                        ..d.clone()
+                    }
+                }
+            })
+            .collect()
+    };
+    let (first, second) = (&hi.name, &lo.name);
     for (dim, title) in [("category", "by category"), ("stage", "by stage")] {
         if let Some(rows) = why.breakdown.get(dim) {
-            write_diffs(out, title, a, b, rows, top.min(6))?;
+            write_diffs(out, title, first, second, &toward_hi(rows), top.min(6))?;
         }
     }
     let sites = if b_higher {
@@ -361,9 +408,9 @@ fn write_why(out: &mut Out, why: &Pair, top: usize) -> io::Result<()> {
     write_diffs(
         out,
         &format!("sites with more at {}'s peak", hi.name),
-        a,
-        b,
-        sites,
+        first,
+        second,
+        &toward_hi(sites),
         top.min(4),
     )
 }
