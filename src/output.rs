@@ -182,7 +182,8 @@ fn folder_of(path: &Path) -> PathBuf {
 }
 
 /// Checks that `path` may be written: its folder exists, it is no folder and no input, and,
-/// for a name memsnap chose, it does not exist yet unless `force`. Gives the name that will be
+/// for a name memsnap chose, it does not exist yet or is of the kind memsnap writes there
+/// (a re-run replaces its own outputs), unless `force`. Gives the name that will be
 /// replaced (symbolic links followed). Commands call it before their work, so that a refusal
 /// costs nothing; [`create`] checks again.
 pub fn check(path: &Path, naming: Naming, force: bool) -> Result<PathBuf, OutputError> {
@@ -203,8 +204,37 @@ fn check_against(
     match fs::metadata(&target) {
         Ok(m) if m.is_dir() => Err(OutputError::IsFolder),
         Ok(_) if inputs.contains(&target) => Err(OutputError::IsInput),
-        Ok(m) if m.is_file() && naming == Naming::Chosen && !force => Err(OutputError::Exists),
+        Ok(m) if m.is_file() && naming == Naming::Chosen && !force && !memsnap_kind(&target) => {
+            Err(OutputError::Exists)
+        }
         _ => Ok(target),
+    }
+}
+
+/// Whether the file at `path` is of the kind memsnap writes under its name (a PNG that is a
+/// PNG, a page that is HTML, a table that is CSV or Parquet): a re-run replaces it, where a
+/// file of another kind under a name memsnap chose is refused unless `--force`.
+fn memsnap_kind(path: &Path) -> bool {
+    use std::io::Read as _;
+    let mut head = [0u8; 512];
+    let n = fs::File::open(path)
+        .and_then(|f| f.take(head.len() as u64).read(&mut head))
+        .unwrap_or(0);
+    let head = &head[..n];
+    let text = head.trim_ascii_start();
+    let lower = text.to_ascii_lowercase();
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    match ext.as_str() {
+        "png" => head.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "svg" => lower.starts_with(b"<?xml") || lower.starts_with(b"<svg"),
+        "html" => lower.starts_with(b"<!doctype html"),
+        "parquet" => head.starts_with(b"PAR1"),
+        "json" | "jsonl" => text.starts_with(b"{") || text.starts_with(b"["),
+        "csv" => !head.is_empty() && !head.contains(&0),
+        _ => false,
     }
 }
 
@@ -398,6 +428,29 @@ mod tests {
         assert_eq!(fs::read(&out).unwrap(), b"named");
         // No temporary file is left next to it.
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_rerun_replaces_what_memsnap_wrote_under_its_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases: [(&str, &[u8], &[u8]); 6] = [
+            ("t-device0.png", b"\x89PNG\r\n\x1a\n....", b"not a png"),
+            ("flamegraph.svg", b"<?xml version=\"1.0\"?><svg/>", b"notes"),
+            ("s.html", b"<!DOCTYPE html>\n<html>", b"<p>mine</p>"),
+            ("events.parquet", b"PAR1....", b"\x00\x01"),
+            ("peak.jsonl", b"{\"a\": 1}\n", b"mine"),
+            ("peak.csv", b"a,b\n1,2\n", b"\x00binary"),
+        ];
+        for (name, ours, theirs) in cases {
+            let out = dir.path().join(name);
+            fs::write(&out, ours).unwrap();
+            write(&out, Naming::Chosen, false, b"again").unwrap();
+            assert_eq!(fs::read(&out).unwrap(), b"again", "{name}");
+            fs::write(&out, theirs).unwrap();
+            let e = write(&out, Naming::Chosen, false, b"again").unwrap_err();
+            assert!(matches!(e, OutputError::Exists), "{name}");
+            assert_eq!(fs::read(&out).unwrap(), theirs, "{name}");
+        }
     }
 
     #[test]

@@ -160,6 +160,10 @@ fn names_memsnap_chose_are_not_written_over_without_force() {
     fs::write(&named, "old").unwrap();
     ok(&["flamegraph", &input, "-o", &named.to_string_lossy()]);
     assert!(fs::read_to_string(&named).unwrap().contains("<svg"));
+    // A re-run replaces what memsnap wrote there.
+    let before = fs::read(&flame).unwrap();
+    assert!(run_in(&["flamegraph", &input]).status.success());
+    assert_eq!(fs::read(&flame).unwrap(), before, "the same file again");
     // The charts of a --png folder.
     let charts = dir.path().join("charts");
     fs::create_dir(&charts).unwrap();
@@ -168,6 +172,7 @@ fn names_memsnap_chose_are_not_written_over_without_force() {
     let o = memsnap(&["report", &input, "--png", &charts.to_string_lossy()]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("give --force"), "{}", stderr(&o));
+    assert!(o.stdout.is_empty(), "checked before the report is printed");
     assert_eq!(fs::read_to_string(&chart).unwrap(), "mine");
     let o = memsnap(&[
         "report",
@@ -178,6 +183,11 @@ fn names_memsnap_chose_are_not_written_over_without_force() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(fs::read(&chart).unwrap().starts_with(b"\x89PNG"));
+    assert_eq!(names_in(&charts).len(), 1, "{:?}", names_in(&charts));
+    // run again: the same report and the same chart, exit 0
+    let again = memsnap(&["report", &input, "--png", &charts.to_string_lossy()]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(again.stdout, o.stdout);
     assert_eq!(names_in(&charts).len(), 1, "{:?}", names_in(&charts));
 }
 

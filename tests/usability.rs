@@ -307,3 +307,109 @@ fn the_declared_rust_version_builds_the_locked_dependencies() {
         newest.1
     );
 }
+
+/// The README says what a full test run needs: each thing a skipped test names as missing is
+/// named in its Tests section, with how to get it.
+#[test]
+fn the_readme_says_what_the_tests_need() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let at = readme.find("\n## Tests\n").expect("a Tests section");
+    let section = &readme[at..];
+    let section = &section[..section[1..].find("\n## ").map_or(section.len(), |e| e + 1)];
+    let util = std::fs::read_to_string(root.join("tests/util.rs")).unwrap();
+    let view = std::fs::read_to_string(root.join("tests/view.rs")).unwrap();
+    for (needed, named_in) in [
+        ("../shared/snapshots", &util),
+        ("npm ci --prefix tests/browser", &view),
+        ("/usr/bin/chromium", &view),
+        ("MEMSNAP_CHROMIUM", &view),
+        ("CI=true", &util),
+    ] {
+        assert!(
+            named_in.contains(needed),
+            "the tests no longer name {needed}"
+        );
+        assert!(
+            section.contains(needed),
+            "the README's Tests section names {needed}"
+        );
+    }
+    let ci = std::fs::read_to_string(root.join(".ci/run")).unwrap();
+    assert!(ci.contains("npm ci --prefix tests/browser") && ci.contains("chromium"));
+}
+
+/// One outcome, one exit code, whatever the command: a snapshot that recorded nothing is an
+/// error (1) with one line on stderr and nothing on stdout, from every command that reads one.
+#[test]
+fn a_snapshot_that_recorded_nothing_is_one_error_everywhere() {
+    use serde_pickle::value::{HashableValue as H, Value as V};
+    let dir = scratch();
+    let mut snap = std::collections::BTreeMap::new();
+    snap.insert(H::String("segments".into()), V::List(vec![]));
+    snap.insert(
+        H::String("device_traces".into()),
+        V::List(vec![V::List(vec![])]),
+    );
+    let bytes = serde_pickle::value_to_vec(&V::Dict(snap), Default::default()).unwrap();
+    let f = write(&dir, "empty.pickle", &bytes);
+    let out = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    let (png, html, svg, tables, trimmed) = (
+        out("e.png"),
+        out("e.html"),
+        out("e.svg"),
+        out("tables"),
+        out("t.pickle"),
+    );
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["report", &f],
+        vec!["report", &f, "--json"],
+        vec!["oom", &f],
+        vec!["whatif", &f],
+        vec!["timeline", &f, "-o", &png],
+        vec!["view", &f, "-o", &html],
+        vec!["flamegraph", &f, "-o", &svg],
+        vec!["export", &f, "-o", &tables],
+        vec!["trim", &f, "-o", &trimmed],
+    ];
+    for args in commands {
+        let o = memsnap(&args);
+        one_line_failure(&o, 1, "no device has trace events");
+        assert!(o.stdout.is_empty(), "{args:?}: {}", stdout(&o));
+    }
+}
+
+/// A file that is not a pickle is named for what it is, with what memsnap expected; a typo
+/// in a command keeps clap's suggestion.
+#[test]
+fn not_a_snapshot_says_what_it_is_and_typos_get_a_suggestion() {
+    let dir = scratch();
+    let cases: [(&str, &[u8], &str); 4] = [
+        (
+            "model.pt",
+            b"PK\x03\x04\x14\x00\x00\x00archive/data.pkl",
+            "a zip archive, as torch.save writes",
+        ),
+        (
+            "t.png",
+            b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR",
+            "a PNG image",
+        ),
+        ("r.json", b"{\"devices\": []}\n", "JSON text"),
+        ("notes.txt", b"step 3 peak 12 GiB\n", "but text"),
+    ];
+    for (name, bytes, says) in cases {
+        let f = write(&dir, name, bytes);
+        let o = memsnap(&["report", &f]);
+        one_line_failure(&o, 1, says);
+        assert!(
+            stderr(&o).contains("torch.cuda.memory._dump_snapshot()"),
+            "{}",
+            stderr(&o)
+        );
+    }
+    let o = memsnap(&["reprot", "x.pickle"]);
+    one_line_failure(&o, 2, "'report'");
+    let o = memsnap(&["report", "--jsno", "x.pickle"]);
+    one_line_failure(&o, 2, "--json");
+}

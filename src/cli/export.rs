@@ -73,7 +73,8 @@ pub fn run(args: ExportArgs) -> Result<(), Failure> {
         Some(_) => {
             super::choose_devices(memsnap::analysis::devices(&snap), args.device, &args.file)?
         }
-        None => memsnap::analysis::devices(&snap),
+        // devices with events, else with segments; none at all is an error, as everywhere
+        None => super::choose_devices(memsnap::analysis::devices(&snap), None, &args.file)?,
     };
     let analyses: Vec<_> = devices
         .iter()

@@ -13,7 +13,7 @@ macro_rules! note {
 mod compare;
 mod export;
 mod flamegraph;
-mod mcp;
+pub(crate) mod mcp;
 mod report;
 mod summaries;
 mod timeline;
@@ -401,6 +401,14 @@ pub(crate) fn one_line_usage(text: &str, args: &[String]) -> String {
         first.as_str()
     };
     let what = first.strip_prefix("error: ").unwrap_or(first);
+    // clap's suggestion for a typo ("tip: a similar subcommand exists: 'report'") is kept
+    let tips: String = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("tip: "))
+        .filter(|t| t.contains("similar"))
+        .map(|t| format!("; {t}"))
+        .collect();
+    let what = format!("{what}{tips}");
     let command = text
         .lines()
         .find_map(|l| l.trim().strip_prefix("Usage: "))

@@ -1,5 +1,6 @@
 //! `memsnap report FILE...`
 
+use memsnap::output::Naming;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -80,6 +81,16 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
             tally.complain(&e);
             continue;
         }
+        if devices.is_empty() {
+            // nothing recorded: an error, as every command says it
+            tally.complain(&memsnap::Error::new(
+                path,
+                memsnap::ErrorKind::NoDevice(
+                    "no device has trace events or segments (nothing was recorded)".into(),
+                ),
+            ));
+            continue;
+        }
         let mut rep = FileReport::new(&name, &snap, &devices);
         match memsnap::snapshot::probes::read(path) {
             Ok(Some((_, probes))) => rep.probes = probes,
@@ -88,6 +99,18 @@ pub fn run(args: ReportArgs) -> Result<(), Failure> {
                 "memsnap: {}: probes beside it left out: {why}",
                 super::shown(path)
             ),
+        }
+        // the charts' names are checked before the report is printed: a refused one leaves
+        // nothing on stdout
+        if let Some(dir) = &args.png {
+            let refused = devices
+                .iter()
+                .filter(|d| !d.replay.is_empty())
+                .find_map(|d| super::check_output(&chart_path(dir, path, d), Naming::Chosen).err());
+            if let Some(e) = refused {
+                tally.complain(&e);
+                continue;
+            }
         }
         if args.json {
             report::json::write(&mut out, &rep)?;
@@ -122,14 +145,19 @@ fn prepare_folder(dir: &Path) -> Result<(), memsnap::Error> {
         .map_err(|e| memsnap::Error::new(dir, UsageError::CreateFolder(e).into()))
 }
 
-/// Draws one device's timeline next to the report.
-fn draw(dir: &Path, path: &Path, name: &str, d: &DeviceAnalysis) -> Result<(), memsnap::Error> {
-    let out = dir.join(format!(
+/// The name of one device's timeline chart in `dir`.
+fn chart_path(dir: &Path, path: &Path, d: &DeviceAnalysis) -> PathBuf {
+    dir.join(format!(
         "{}-{}-timeline.png",
         stem(path),
         super::device_slug(d.device())
-    ));
-    super::timeline::draw_to(&out, memsnap::output::Naming::Chosen, |at| {
+    ))
+}
+
+/// Draws one device's timeline next to the report.
+fn draw(dir: &Path, path: &Path, name: &str, d: &DeviceAnalysis) -> Result<(), memsnap::Error> {
+    let out = chart_path(dir, path, d);
+    super::timeline::draw_to(&out, Naming::Chosen, |at| {
         memsnap::chart::timeline(at, name, d, &memsnap::chart::Options::default())
     })?;
     note!("memsnap: wrote {}", super::shown(&out));

@@ -205,9 +205,13 @@ fn devices<'s>(
     }
     let devices = match device {
         Some(_) => super::devices(snap, device, path)?,
-        // a file without events is explained by the text (memory history was not recorded);
-        // pinned host memory is another allocator's, not simulated
-        None => snap.devices_with_events().filter(|&d| d != host).collect(),
+        // pinned host memory is another allocator's, not simulated; a file without events has
+        // nothing to simulate, an error as for every command that needs them
+        None => super::choose_devices(
+            snap.devices_with_events().filter(|&d| d != host).collect(),
+            None,
+            path,
+        )?,
     };
     let analyses = devices
         .into_iter()

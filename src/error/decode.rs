@@ -39,8 +39,15 @@ pub enum DecodeErrorKind {
     #[error("byte 0x{0:02x} is not a pickle opcode (not a pickle, or corrupt)")]
     UnknownOpcode(u8),
     /// The first byte is not how any pickle begins.
-    #[error("not a pickle: it starts with byte 0x{0:02x}, which no pickle starts with")]
-    NotAPickle(u8),
+    #[error(
+        "not a pickle but {what} (it starts with byte 0x{first:02x}); memsnap reads the pickle torch.cuda.memory._dump_snapshot() writes"
+    )]
+    NotAPickle {
+        /// The first byte.
+        first: u8,
+        /// What the file looks like instead.
+        what: &'static str,
+    },
     /// A `PROTO` above 5.
     #[error("pickle protocol {0} is newer than protocol 5")]
     Protocol(u8),

@@ -113,6 +113,12 @@ impl<R: Read> Reader<R> {
         }
     }
 
+    /// The next bytes, up to `n` (fewer at the end of the input), without consuming them.
+    pub(crate) fn head(&mut self, n: usize) -> &[u8] {
+        self.prefetch(n);
+        &self.buf[self.pos..self.end.min(self.pos + n)]
+    }
+
     /// Consumes `n` bytes, however many windows they span.
     pub(crate) fn skip(&mut self, mut n: u64) -> Result<(), ReadError> {
         while n > 0 {

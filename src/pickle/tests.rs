@@ -323,7 +323,36 @@ fn serde_pickle_output_decodes() {
 fn text_is_not_a_pickle() {
     for text in [&b"hello world\n"[..], b"abc", b"#!/bin/sh\n"] {
         let e = decode(text, Limits::default()).unwrap_err();
-        assert!(matches!(e.kind, DecodeErrorKind::NotAPickle(_)), "{e}");
+        assert!(matches!(e.kind, DecodeErrorKind::NotAPickle { .. }), "{e}");
         assert_eq!(e.offset, 0);
     }
+}
+
+#[test]
+fn a_file_that_is_not_a_pickle_is_named_for_what_it_is() {
+    use super::vm::what_it_is;
+    let cases: &[(&[u8], &str)] = &[
+        (b"PK\x03\x04\x14\x00archive/data.pkl", "torch.save"),
+        (b"\x89PNG\r\n\x1a\n", "PNG image"),
+        (b"  {\"devices\": []}", "JSON text"),
+        (b"[{\"ph\": \"X\"}]", "JSON text"),
+        (b"<!DOCTYPE html><html>", "HTML page"),
+        (b"hello, world\n", "text"),
+        ("h\u{e9}llo".as_bytes(), "text"),
+        (b"\x7fELF\x02\x01", "ELF"),
+        (b"\x01\x02\x03\xfe", "binary data"),
+    ];
+    for (head, says) in cases {
+        let what = what_it_is(head);
+        assert!(what.contains(says), "{head:?}: {what}");
+        let e = decode(*head, Limits::default()).unwrap_err();
+        let line = e.to_string();
+        assert!(
+            line.contains(says) && line.contains("_dump_snapshot()"),
+            "{line}"
+        );
+    }
+    // a character cut by the end of the head is still text
+    let cut = "\u{e9}t\u{e9}".as_bytes();
+    assert_eq!(what_it_is(&cut[..cut.len() - 1]), "text");
 }

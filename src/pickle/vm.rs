@@ -517,13 +517,15 @@ impl<'a, A: Adopter> Vm<'a, A> {
         }
     }
 
-    /// Refuses, as not a pickle, input whose first byte no pickle starts with.
+    /// Refuses, as not a pickle, input whose first byte no pickle starts with, saying what it
+    /// looks like instead.
     fn check_start<R: Read>(&mut self, reader: &mut Reader<R>) -> Result<(), DecodeError> {
         if let (true, Ok(Some(first))) = (self.limits.check_start, reader.peek()) {
             if !can_start_a_pickle(first) {
+                let what = what_it_is(reader.head(512));
                 return Err(DecodeError {
                     offset: 0,
-                    kind: DecodeErrorKind::NotAPickle(first),
+                    kind: DecodeErrorKind::NotAPickle { first, what },
                     decompressed: false,
                 });
             }
@@ -1638,4 +1640,50 @@ fn raw_unicode_unescape(line: &[u8]) -> String {
         i += 1;
     }
     out
+}
+
+/// What a file that is not a pickle looks like, from its first bytes: the formats a snapshot
+/// is confused with (a `torch.save` archive, memsnap's or PyTorch's own outputs), else text or
+/// binary data.
+pub(crate) fn what_it_is(head: &[u8]) -> &'static str {
+    const KNOWN: &[(&[u8], &str)] = &[
+        (
+            b"PK\x03\x04",
+            "a zip archive, as torch.save writes (a model or tensors, not a memory snapshot)",
+        ),
+        (b"\x89PNG", "a PNG image"),
+        (b"GIF8", "a GIF image"),
+        (b"\xff\xd8\xff", "a JPEG image"),
+        (b"%PDF", "a PDF document"),
+        (b"<svg", "an SVG image"),
+        (b"\x7fELF", "a program (ELF)"),
+        (b"PAR1", "a Parquet table"),
+        (b"SQLite format 3", "an SQLite database"),
+    ];
+    if let Some((_, what)) = KNOWN.iter().find(|(magic, _)| head.starts_with(magic)) {
+        return what;
+    }
+    let text = head.trim_ascii_start();
+    let lower: Vec<u8> = text.iter().take(16).map(u8::to_ascii_lowercase).collect();
+    if lower.starts_with(b"<!doctype html") || lower.starts_with(b"<html") {
+        return "an HTML page (memsnap view or PyTorch's memory viewer write these; read the snapshot they came from)";
+    }
+    if text.starts_with(b"<") {
+        return "XML or HTML text";
+    }
+    if text.starts_with(b"{") || text.starts_with(b"[") {
+        return "JSON text (memsnap's --json output, a summary or a trace, not a snapshot)";
+    }
+    let printable = head
+        .iter()
+        .filter(|&&b| {
+            b == b'\n' || b == b'\r' || b == b'\t' || (0x20..0x7f).contains(&b) || b >= 0x80
+        })
+        .count();
+    // a character cut at the end of the head is still text
+    let utf8 = std::str::from_utf8(head).map_or_else(|e| e.error_len().is_none(), |_| true);
+    if !head.is_empty() && printable == head.len() && utf8 {
+        return "text";
+    }
+    "binary data of another kind"
 }
