@@ -222,6 +222,66 @@ fn markdown_reports_and_comparisons() {
     assert_eq!(o.status.code(), Some(2));
 }
 
+/// The Markdown views read on GitHub as they read in a terminal: rendered by a CommonMark
+/// parser with tables, every table is a table with its rows, every line of prose is its own
+/// list item (never run on into the one above), and no text is left as an indented code block.
+#[test]
+fn markdown_renders_as_tables_and_items() {
+    use pulldown_cmark::{Event, Options, Parser, Tag, TagEnd};
+    let peak = testdata("snapshots/pithtrain-peak/memory_snapshot_rank0_peak_step0.pickle.xz");
+    let other = testdata("snapshots/pithtrain-peak/memory_snapshot_rank1_peak_step0.pickle.xz");
+    let (peak, other) = (peak.to_string_lossy(), other.to_string_lossy());
+    let folder = testdata("snapshots/pithtrain-peak");
+    let folder = folder.to_string_lossy();
+    let oom = testdata(
+        "snapshots/capture_evidence/lightning_oom/memory_snapshot_rank0_step2_oom.pickle.xz",
+    );
+    let mut views = vec![
+        ok(&["report", "--markdown", &single()]),
+        ok(&[
+            "report",
+            "--markdown",
+            &peak,
+            "--by",
+            "category,step,stage,site,phase",
+        ]),
+        ok(&["compare", "--markdown", &peak, &other]),
+        ok(&["compare", "--markdown", &folder]),
+    ];
+    views.push(ok(&["report", "--markdown", &oom.to_string_lossy()]));
+    for md in &views {
+        let tables_written = md.lines().filter(|l| l.starts_with("|--")).count();
+        let rows_written = md.lines().filter(|l| l.starts_with('|')).count();
+        let items_written = md
+            .lines()
+            .filter(|l| l.trim_start().starts_with("- "))
+            .count();
+        let (mut tables, mut rows, mut items, mut code) = (0, 0, 0, 0);
+        let mut in_item = 0usize;
+        for event in Parser::new_ext(md, Options::ENABLE_TABLES) {
+            match event {
+                Event::Start(Tag::Table(_)) => tables += 1,
+                Event::Start(Tag::TableHead) | Event::Start(Tag::TableRow) => rows += 1,
+                Event::Start(Tag::Item) => {
+                    items += 1;
+                    in_item += 1;
+                }
+                Event::End(TagEnd::Item) => in_item -= 1,
+                Event::Start(Tag::CodeBlock(_)) => code += 1,
+                Event::SoftBreak | Event::HardBreak => {
+                    assert!(in_item == 0, "a line ran on into a list item:\n{md}")
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(tables, tables_written, "{md}");
+        // each table: its header row, then its rows (the |--- line is no row)
+        assert_eq!(rows, rows_written - tables_written, "{md}");
+        assert_eq!(items, items_written, "{md}");
+        assert_eq!(code, 0, "{md}");
+    }
+}
+
 /// Completion scripts for four shells, and every command's help ends with an example.
 #[test]
 fn completions_and_examples_in_help() {

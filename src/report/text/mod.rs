@@ -40,12 +40,19 @@ pub struct Out<'a> {
     w: &'a mut dyn Write,
     /// Tables as Markdown tables, lines of prose as list items.
     pub markdown: bool,
+    /// In Markdown, the spaces that opened the line being written, held until its first other
+    /// byte (`None` once the line has begun).
+    indent: Option<usize>,
 }
 
 impl<'a> Out<'a> {
     /// Writes to `w`, as Markdown when `markdown` is set.
     pub fn new(w: &'a mut dyn Write, markdown: bool) -> Out<'a> {
-        Out { w, markdown }
+        Out {
+            w,
+            markdown,
+            indent: Some(0),
+        }
     }
 
     /// `s` as this form shows a name: on one line, its control characters escaped
@@ -118,13 +125,56 @@ impl Out<'_> {
     }
 }
 
+/// In Markdown, a text view's indented lines (two spaces: a line of prose under the headline
+/// figures; four: a detail of the line above) become list items and nested items: indented
+/// under a list item they would run on into it as one paragraph.
 impl Write for Out<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.w.write(buf)
+        self.write_all(buf)?;
+        Ok(buf.len())
     }
 
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.w.write_all(buf)
+        if !self.markdown {
+            return self.w.write_all(buf);
+        }
+        let mut rest = buf;
+        while !rest.is_empty() {
+            match self.indent {
+                Some(n) => {
+                    let spaces = rest.iter().take_while(|&&b| b == b' ').count();
+                    rest = &rest[spaces..];
+                    let n = n + spaces;
+                    match rest.first() {
+                        None => self.indent = Some(n),
+                        Some(b'\n') => {
+                            self.indent = Some(0);
+                            self.w.write_all(b"\n")?;
+                            rest = &rest[1..];
+                        }
+                        Some(_) => {
+                            self.indent = None;
+                            let lead: &[u8] = match n {
+                                0 => b"",
+                                1..=3 => b"- ",
+                                _ => b"  - ",
+                            };
+                            self.w.write_all(lead)?;
+                        }
+                    }
+                }
+                None => {
+                    let end = rest.iter().position(|&b| b == b'\n');
+                    let cut = end.map_or(rest.len(), |e| e + 1);
+                    self.w.write_all(&rest[..cut])?;
+                    if end.is_some() {
+                        self.indent = Some(0);
+                    }
+                    rest = &rest[cut..];
+                }
+            }
+        }
+        Ok(())
     }
 
     fn flush(&mut self) -> io::Result<()> {
