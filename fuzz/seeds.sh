@@ -105,4 +105,19 @@ PY
 # trace entries read whole against opcode by opcode: the decode and split seeds together
 mkdir -p "$out/flat"
 cp "$out/decode"/* "$out/split"/* "$out/flat/"
+# the page writer: a title and a file name holding slots, markup and a bidi control, then each
+# decode seed
+mkdir -p "$out/page"
+for f in "$out/decode"/*; do
+    { printf 'x{{data}}</title>\0r\xe2\x80\xaeank3_{{script}}.pickle\0'; cat "$f"; } \
+        > "$out/page/$(basename "$f")"
+done
+# the MCP server: paths a client may ask for (in the root, out through links, a pipe), and
+# request lines, one of them over the target's 256-byte limit
+mkdir -p "$out/mcp"
+printf 'sub/a.pickle\n../outside/secret\nout/secret\nleak\ndangling\nfifo\n' > "$out/mcp/paths"
+printf 'sub/../../outside/new\n/tmp\nsub/./a.pickle\nout/../sub\n' > "$out/mcp/dots"
+printf '{"jsonrpc":"2.0","id":1,"method":"tools/list"}\n' > "$out/mcp/list"
+python3 -c "print('{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"x\",\"params\":\"' + 'a' * 400 + '\"}')" \
+    > "$out/mcp/long"
 echo "seeds: $(ls "$out/decode" | wc -l) pickles, $(ls "$out/settings" | wc -l) texts"

@@ -257,3 +257,63 @@ fn the_smaller_groups_say_what_they_hold() {
         .collect();
     assert!(!before.is_empty(), "a count precedes the name");
 }
+
+/// A pipeline rank with many micro-batches, by step: whole steps get the colours (their
+/// micro-batches together, the legend says so), not eight micro-batches with the rest in one
+/// grey band that covers most of the plot; the smaller groups hold almost nothing.
+#[test]
+fn pipeline_steps_are_coloured_whole() {
+    use memsnap::analysis::{self, Dimension};
+    use memsnap::chart::series::{self, XAxis};
+    let mut checked = 0;
+    for run in ["pp8n16", "pp4n12", "pp4n8"] {
+        for file in snapshots_under(&testdata(&format!("snapshots/pipelines/{run}"))) {
+            let snap = memsnap::snapshot::Snapshot::open(&file).unwrap();
+            let a = analysis::analyse(&snap, &Default::default()).remove(0);
+            let s = series::build(&a, Dimension::Step, XAxis::Auto, 400, 9);
+            assert!(s.whole_steps, "{}: {:?}", file.display(), s.groups);
+            for g in &s.groups[..s.groups.len() - 1] {
+                assert!(
+                    g == "before the trace" || (g.starts_with("step ") && !g.contains(" mb ")),
+                    "{}: {g}",
+                    file.display()
+                );
+            }
+            // the grey band stays below 5% of the peak everywhere
+            assert!(
+                s.other_max() * 20 <= a.replay.peaks.allocated.bytes,
+                "{}: other up to {} of {}",
+                file.display(),
+                s.other_max(),
+                a.replay.peaks.allocated.bytes
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3);
+    // the image says so
+    let dir = scratch();
+    let out = dir.path().join("steps.svg").to_string_lossy().into_owned();
+    let file = testdata("snapshots/pipelines/pp8n16/memory_snapshot_rank0_pp8n16_step0.pickle.xz");
+    ok(&[
+        "timeline",
+        &file.to_string_lossy(),
+        "-o",
+        &out,
+        "--by",
+        "step",
+    ]);
+    let svg = std::fs::read_to_string(&out).unwrap();
+    assert!(svg.contains("by step (micro-batches together)"));
+    assert!(!svg.contains("up to 0 B"));
+    // a trace of few steps keeps its finer groups
+    let s = {
+        let snap = memsnap::snapshot::Snapshot::open(&testdata(
+            "snapshots/single-gpu/memory_snapshot_rank0_step1.pickle.xz",
+        ))
+        .unwrap();
+        let a = analysis::analyse(&snap, &Default::default()).remove(0);
+        series::build(&a, Dimension::Step, XAxis::Auto, 400, 9)
+    };
+    assert!(!s.whole_steps);
+}

@@ -70,6 +70,8 @@ pub struct Keyer<'a> {
     attribution: &'a Attribution,
     multi: bool,
     sites: HashMap<StackId, String>,
+    /// Steps whole: `--by step` keys drop the op and micro-batch ([`Keyer::whole_step`]).
+    whole_steps: bool,
 }
 
 impl<'a> Keyer<'a> {
@@ -80,6 +82,25 @@ impl<'a> Keyer<'a> {
             attribution,
             multi: attribution.multi_step(),
             sites: HashMap::new(),
+            whole_steps: false,
+        }
+    }
+
+    /// Keys of [`Dimension::Step`] name whole steps from now on: a chart of a pipeline with
+    /// dozens of micro-batches colours its steps rather than eight of its micro-batches.
+    pub fn set_whole_steps(&mut self) {
+        self.whole_steps = true;
+    }
+
+    /// The whole step a `--by step` key belongs to: `step 4` of `step 4 · F0&B1 mb 23/21`,
+    /// `train step 1 · forward` of `train step 1 · forward mb 2`.
+    pub fn whole_step(&self, key: &str) -> String {
+        let keep = if self.multi { 2 } else { 1 };
+        let parts: Vec<&str> = key.splitn(keep + 1, " · ").take(keep).collect();
+        let step = parts.join(" · ");
+        match step.find(" mb ") {
+            Some(at) => step[..at].to_string(),
+            None => step,
         }
     }
 
@@ -130,6 +151,8 @@ impl<'a> Keyer<'a> {
         };
         if text.is_empty() {
             "(none)".to_string()
+        } else if self.whole_steps && d == Dimension::Step {
+            self.whole_step(&text)
         } else {
             text
         }

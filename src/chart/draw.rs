@@ -170,6 +170,16 @@ pub fn panel(a: &DeviceAnalysis, options: &Options, title: &str, columns: usize)
     }
 }
 
+/// How a chart names its grouping: `step (micro-batches together)` where it grouped whole
+/// steps.
+fn by_text(by: Dimension, whole_steps: bool) -> String {
+    if whole_steps {
+        format!("{} (micro-batches together)", by.as_str())
+    } else {
+        by.as_str().to_string()
+    }
+}
+
 /// Renders one timeline with its legend to a file.
 pub(super) fn render(
     out: &Path,
@@ -377,7 +387,7 @@ where
         body.split_horizontally(width.saturating_sub(legend_width(width)));
     let subtitle = format!(
         "allocated by {}, reserved as a line · peak {} · {}",
-        options.by.as_str(),
+        by_text(options.by, p.series.whole_steps),
         units::bytes(p.peak.0),
         units::counted(p.events as u64, "event")
     );
@@ -398,7 +408,8 @@ where
                 (p.series.groups[g].as_str(), colours[g], bytes)
             })
             .collect();
-        if p.series.folded > 0 && (at_peak[other] > 0) == live {
+        // the band of smaller groups, when it ever holds a byte
+        if p.series.folded > 0 && p.series.other_max() > 0 && (at_peak[other] > 0) == live {
             rows.push((
                 other_name.as_str(),
                 colours[other],
@@ -409,7 +420,10 @@ where
     };
     let sections = [
         LegendSection {
-            heading: format!("live at the peak, by {}", options.by.as_str()),
+            heading: format!(
+                "live at the peak, by {}",
+                by_text(options.by, p.series.whole_steps)
+            ),
             rows: rows(true),
         },
         LegendSection {

@@ -48,6 +48,9 @@ pub struct Series {
     pub groups: Vec<String>,
     /// How many distinct labels the [`OTHER`] band holds.
     pub folded: usize,
+    /// `--by step` grouped whole steps, their micro-batches together: there were more of
+    /// them than bands.
+    pub whole_steps: bool,
     /// Columns in x order.
     pub columns: Vec<Column>,
     /// x of every event (for markers).
@@ -73,7 +76,7 @@ pub fn build(
     let (snap, replay) = (a.snap, &a.replay);
     let events = snap.trace(replay.device);
     let mut keyer = a.keyer();
-    let groups = choose_groups(a, &mut keyer, by, max_groups);
+    let (groups, whole_steps) = choose_groups(a, &mut keyer, by, max_groups);
     let other = groups.len() - 1;
     let index: HashMap<&str, usize> = groups
         .iter()
@@ -131,6 +134,7 @@ pub fn build(
     }
     Series {
         folded: folded.len(),
+        whole_steps,
         groups,
         columns: sweep.finish(),
         x_of_event,
@@ -141,18 +145,38 @@ pub fn build(
 }
 
 /// The bands: memory from before the trace first (when there is any), then the largest groups
-/// at the peak, then the largest elsewhere in time, and `other` last.
+/// at the peak, then the largest elsewhere in time, and `other` last. By step, when there are
+/// more steps and micro-batches than bands, whole steps (the `bool`): with dozens of
+/// micro-batches, eight of them coloured and the rest grey show only what the peak held.
 fn choose_groups(
     a: &DeviceAnalysis,
     keyer: &mut Keyer,
     by: Dimension,
     max_groups: usize,
-) -> Vec<String> {
+) -> (Vec<String>, bool) {
     let before = keyer.key(by, &Label::BEFORE_TRACE, StackId::EMPTY);
-    let elsewhere = largest_over_time(a, keyer, by);
-    let mut groups = bands(a, by, before, elsewhere.into_iter(), max_groups);
+    let mut elsewhere = largest_over_time(a, keyer, by);
+    let mut at_peak: Vec<String> = a.peak_shares(by).iter().map(|s| s.label.clone()).collect();
+    let whole = by == Dimension::Step && elsewhere.len() > max_groups;
+    if whole {
+        keyer.set_whole_steps();
+        elsewhere = largest_over_time(a, keyer, by);
+        let mut seen = std::collections::HashSet::new();
+        at_peak = at_peak
+            .iter()
+            .map(|l| keyer.whole_step(l))
+            .filter(|l| seen.insert(l.clone()))
+            .collect();
+    }
+    let mut groups = bands(
+        a,
+        before,
+        at_peak.into_iter(),
+        elsewhere.into_iter(),
+        max_groups,
+    );
     groups.push(OTHER.to_string());
-    groups
+    (groups, whole)
 }
 
 /// The bands of grouping `by`, without [`OTHER`]: `before` (the group of memory from before
@@ -161,8 +185,8 @@ fn choose_groups(
 /// timelines and the page choose their bands here.
 pub(crate) fn bands(
     a: &DeviceAnalysis,
-    by: Dimension,
     before: String,
+    at_peak: impl Iterator<Item = String>,
     elsewhere: impl Iterator<Item = String>,
     max_groups: usize,
 ) -> Vec<String> {
@@ -173,7 +197,6 @@ pub(crate) fn bands(
     }
     // the largest at the peak first, then the largest at other times; what does not fit is
     // the band of smaller groups, whose legend says how large it gets
-    let at_peak = a.peak_shares(by).iter().map(|s| s.label.clone());
     for label in at_peak.chain(elsewhere) {
         if groups.len() >= max_groups {
             break;

@@ -444,7 +444,7 @@ pub fn panel(
             DIMENSIONS
                 .par_iter()
                 .map(|&d| {
-                    let named = Named::of(a, d, &changes);
+                    let named = Named::of(a, d, &changes, budget.groups);
                     grouping(a, &named, &changes, (&xs, &moments), budget)
                 })
                 .collect::<Vec<_>>()
@@ -690,6 +690,8 @@ impl Changes {
 /// The group of each change in one grouping.
 struct Named {
     dimension: Dimension,
+    /// By step, whole steps (their micro-batches together).
+    whole: bool,
     names: Vec<String>,
     /// Group of each label (every grouping but sites depends on the label alone).
     by_label: Vec<u32>,
@@ -700,8 +702,22 @@ struct Named {
 }
 
 impl Named {
-    fn of(a: &DeviceAnalysis, d: Dimension, changes: &Changes) -> Named {
+    /// The groups of dimension `d`; by step, whole steps when there are more steps and
+    /// micro-batches than `max_groups` bands, as the PNG timeline groups them.
+    fn of(a: &DeviceAnalysis, d: Dimension, changes: &Changes, max_groups: usize) -> Named {
+        let named = Named::grouped(a, d, changes, false);
+        if d == Dimension::Step && named.names.len() > max_groups {
+            Named::grouped(a, d, changes, true)
+        } else {
+            named
+        }
+    }
+
+    fn grouped(a: &DeviceAnalysis, d: Dimension, changes: &Changes, whole: bool) -> Named {
         let mut keyer = a.keyer();
+        if whole {
+            keyer.set_whole_steps();
+        }
         let mut names: Vec<String> = Vec::new();
         let mut by_name: FxHashMap<String, u32> = FxHashMap::default();
         let mut name_id = |name: String| {
@@ -756,6 +772,7 @@ impl Named {
         }
         Named {
             dimension: d,
+            whole,
             names,
             by_label,
             of_change,
@@ -807,7 +824,20 @@ fn grouping(
     let mut over_time: Vec<usize> = (0..n.names.len()).filter(|&g| most[g] > 0).collect();
     over_time.sort_by_key(|&g| (std::cmp::Reverse(most[g]), g));
     let elsewhere = over_time.iter().map(|&g| n.names[g].clone());
-    let mut groups = series::bands(a, n.dimension, before, elsewhere, budget.groups);
+    let mut seen = std::collections::HashSet::new();
+    let at_peak = a
+        .peak_shares(n.dimension)
+        .iter()
+        .map(|s| {
+            if n.whole {
+                keyer.whole_step(&s.label)
+            } else {
+                s.label.clone()
+            }
+        })
+        .filter(|l| seen.insert(l.clone()))
+        .collect::<Vec<_>>();
+    let mut groups = series::bands(a, before, at_peak.into_iter(), elsewhere, budget.groups);
     let other = groups.len();
     let band_of: Vec<usize> = n
         .names
