@@ -826,16 +826,6 @@ fn long_file_names_stay_within_the_memory_allowance() {
     let (names, events) = (20_000i64, 100_000i64);
     let base = 1i64 << 40;
     let t = 1_700_000_000_000_000i64;
-    let entry = |action: &str, addr: i64, size: i64, time: i64, frames: Vec<u8>| {
-        dict(&[
-            ("action", text(action)),
-            ("addr", int(addr)),
-            ("size", int(size)),
-            ("stream", int(0)),
-            ("time_us", int(time)),
-            ("frames", frames),
-        ])
-    };
     let mut trace = vec![entry("segment_alloc", base, 1 << 34, t, list([]))];
     for k in 0..events {
         let j = (k % names) as u32;

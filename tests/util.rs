@@ -196,6 +196,18 @@ pub mod raw {
         v
     }
 
+    /// A trace entry on stream 0 with its frames.
+    pub fn entry(action: &str, addr: i64, size: i64, time: i64, frames: Vec<u8>) -> Vec<u8> {
+        dict(&[
+            ("action", text(action)),
+            ("addr", int(addr)),
+            ("size", int(size)),
+            ("stream", int(0)),
+            ("time_us", int(time)),
+            ("frames", frames),
+        ])
+    }
+
     /// A list of (already encoded) items.
     pub fn list<I: IntoIterator<Item = Vec<u8>>>(items: I) -> Vec<u8> {
         let mut v = b"](".to_vec();
@@ -238,16 +250,6 @@ pub fn shared_stack_pickle(
     stack.extend(put(stack_slot));
     let base = 1i64 << 40;
     let t = 1_700_000_000_000_000i64;
-    let entry = |action: &str, addr: i64, size: i64, time: i64, frames: Vec<u8>| {
-        dict(&[
-            ("action", text(action)),
-            ("addr", int(addr)),
-            ("size", int(size)),
-            ("stream", int(0)),
-            ("time_us", int(time)),
-            ("frames", frames),
-        ])
-    };
     let mut trace = vec![entry("segment_alloc", base, 1 << 30, t, list([]))];
     let mut first = Some(stack);
     let mut frames_of = || first.take().unwrap_or_else(|| get(stack_slot));

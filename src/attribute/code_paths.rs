@@ -71,22 +71,6 @@ fn is_module_call(name: &str) -> bool {
     )
 }
 
-/// The loops' and data loaders' helpers that move a batch to the device.
-fn is_batch_transfer(file: &str, name: &str) -> bool {
-    file.contains("torch/utils/data/")
-        || file.contains("torchvision/transforms/")
-        || matches!(
-            name,
-            "batch_to_device"
-                | "transfer_batch_to_device"
-                | "move_data_to_device"
-                | "send_to_device"
-                | "_prepare_input"
-                | "_prepare_inputs"
-                | "pin_memory"
-        )
-}
-
 /// What the frames of `stack` say of the allocation it made.
 fn made_by(snap: &Snapshot, stack: StackId) -> Made {
     for f in snap.stacks.frames(stack) {
@@ -155,7 +139,7 @@ fn made_by(snap: &Snapshot, stack: StackId) -> Made {
         if file.contains("torch/distributed/") {
             return Made::By(Category::Communication);
         }
-        if is_batch_transfer(file, name) {
+        if frames::is_batch_transfer(file, name) {
             return Made::By(Category::Input);
         }
         if file.ends_with("torch/utils/checkpoint.py") {
@@ -301,11 +285,11 @@ mod tests {
         assert!(is_module_setup("load_state_dict"));
         assert!(!is_module_setup("forward"));
         assert!(is_module_call("_call_impl"));
-        assert!(is_batch_transfer("x.py", "move_data_to_device"));
-        assert!(is_batch_transfer(
+        assert!(frames::is_batch_transfer("x.py", "move_data_to_device"));
+        assert!(frames::is_batch_transfer(
             "/v/site-packages/torch/utils/data/_utils/pin_memory.py",
             "pin"
         ));
-        assert!(!is_batch_transfer("/home/u/train.py", "main"));
+        assert!(!frames::is_batch_transfer("/home/u/train.py", "main"));
     }
 }

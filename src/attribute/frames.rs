@@ -125,6 +125,22 @@ pub fn distinct_stacks(snap: &Snapshot, device: u32) -> Vec<StackId> {
     out
 }
 
+/// The loops' and data loaders' helpers that move a batch to the device.
+pub(crate) fn is_batch_transfer(file: &str, name: &str) -> bool {
+    file.contains("torch/utils/data/")
+        || file.contains("torchvision/transforms/")
+        || matches!(
+            name,
+            "batch_to_device"
+                | "transfer_batch_to_device"
+                | "move_data_to_device"
+                | "send_to_device"
+                | "_prepare_input"
+                | "_prepare_inputs"
+                | "pin_memory"
+        )
+}
+
 /// A Python frame (C++ frames have line 0).
 pub fn is_python(f: &Frame) -> bool {
     f.line > 0

@@ -209,7 +209,7 @@ impl Scan {
         }
         // hints only where no frame names a phase (filtered once the stack is read)
         self.setup |= is_setup_frame(file, name);
-        self.input |= is_input_frame(file, name);
+        self.input |= frames::is_batch_transfer(file, name);
         if self.innermost.is_none() {
             self.innermost = here;
         }
@@ -349,22 +349,6 @@ fn is_setup_frame(file: &str, name: &str) -> bool {
             && (name == "__init__" || name.starts_with("_ddp_init")))
         || name == "fully_shard"
         || name.contains("init_sharded")
-}
-
-/// Frames that move a batch to the device.
-fn is_input_frame(file: &str, name: &str) -> bool {
-    file.contains("torch/utils/data/")
-        || file.contains("torchvision/transforms/")
-        || matches!(
-            name,
-            "batch_to_device"
-                | "transfer_batch_to_device"
-                | "move_data_to_device"
-                | "send_to_device"
-                | "_prepare_input"
-                | "_prepare_inputs"
-                | "pin_memory"
-        )
 }
 
 /// Where the events' phases came from, counted over a device's events.

@@ -61,6 +61,9 @@ import subprocess
 import sys
 import tempfile
 
+# the profiler's category of an allocation at a snapshot time, as corpus_check.py reads it
+from corpus_check import category as profiler_category
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 FOLDERS = ("testdata/snapshots/corpus", "testdata/snapshots/programs")
@@ -692,17 +695,6 @@ def match_profile(rows, events):
             taken[e["addr"]] += 1
     offsets = sorted(row["t_ns"] / 1000 - events[k]["time_us"] for k, row in found.items())
     return found, (offsets[len(offsets) // 2] if offsets else 0.0)
-
-
-def profiler_category(row, t_us, offset):
-    """The profiler's category of an allocation at a snapshot time (the version alive then)."""
-    if row is None:
-        return "not profiled"
-    cat = row["category"]
-    for t_ns, c in row.get("categories_by_version", ()):
-        if t_ns / 1000 - offset <= t_us:
-            cat = c
-    return cat or "unknown"
 
 
 def side_by_side(marks, blocks, events, profile_path):
