@@ -34,6 +34,7 @@
 pub mod analysis;
 pub mod attribute;
 pub mod chart;
+pub mod diff;
 pub mod error;
 pub mod escape;
 pub mod export;

@@ -291,3 +291,148 @@ fn every_shared_snapshot_exports_its_report_figures() {
         }
     }
 }
+
+/// Checks one event against the Trace Event Format's rules (the JSON object format, as its
+/// specification writes them): a phase, integer process and thread ids, a time in
+/// microseconds, a duration for complete events, numeric arguments for counters, a scope for
+/// instants, and the names metadata events take.
+fn follows_the_trace_event_format(e: &serde_json::Value) {
+    let ph = e["ph"].as_str().expect("ph");
+    assert!(e["pid"].is_u64() && e["tid"].is_u64(), "{e}");
+    assert!(e["name"].is_string(), "{e}");
+    match ph {
+        "M" => {
+            let name = e["name"].as_str().unwrap();
+            assert!(
+                ["process_name", "thread_name", "process_sort_index"].contains(&name),
+                "{e}"
+            );
+            assert!(e["args"].is_object(), "{e}");
+        }
+        "C" => {
+            assert!(e["ts"].is_number(), "{e}");
+            let args = e["args"].as_object().expect("counter args");
+            assert!(
+                !args.is_empty() && args.values().all(|v| v.is_number()),
+                "{e}"
+            );
+        }
+        "X" => {
+            assert!(e["ts"].is_number(), "{e}");
+            assert!(e["dur"].as_i64().is_some_and(|d| d > 0), "{e}");
+        }
+        "i" => {
+            assert!(e["ts"].is_number(), "{e}");
+            assert!(
+                ["g", "p", "t"].contains(&e["s"].as_str().unwrap_or("")),
+                "{e}"
+            );
+        }
+        other => panic!("unexpected phase {other}: {e}"),
+    }
+}
+
+#[test]
+fn a_chrome_trace_of_two_ranks_reads_back_with_the_reports_peaks() {
+    let files = [
+        "snapshots/pithtrain-peak/memory_snapshot_rank0_peak_step0.pickle.xz",
+        "snapshots/pithtrain-peak/memory_snapshot_rank1_peak_step0.pickle.xz",
+    ];
+    let dir = scratch();
+    let out = dir.path().join("memory.trace.json");
+    let paths: Vec<String> = files
+        .iter()
+        .map(|f| testdata(f).display().to_string())
+        .collect();
+    let o = out.display().to_string();
+    let said = ok(&[
+        "export",
+        &paths[0],
+        &paths[1],
+        "--format",
+        "chrome-trace",
+        "-o",
+        &o,
+    ]);
+    assert!(said.contains("2 processes"), "{said}");
+    let doc: serde_json::Value = serde_json::from_slice(&fs::read(&out).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().expect("traceEvents");
+    events.iter().for_each(follows_the_trace_event_format);
+    for (rank, path) in paths.iter().enumerate() {
+        let truth = report_json(path, &[]);
+        let d = &truth["devices"][0];
+        let mine = |name: &'static str| {
+            events
+                .iter()
+                .filter(move |e| e["pid"] == rank as u64 && e["ph"] == "C" && e["name"] == name)
+        };
+        // counters in time order; the highest allocated is the report's peak, with its
+        // reserved bytes, and the categories there add up to it
+        let ts: Vec<i64> = mine("memory").map(|e| e["ts"].as_i64().unwrap()).collect();
+        assert!(ts.windows(2).all(|w| w[0] <= w[1]), "rank {rank}");
+        let peak = mine("memory")
+            .max_by_key(|e| e["args"]["allocated"].as_u64().unwrap())
+            .unwrap();
+        assert_eq!(peak["args"]["allocated"], d["peak_allocated_bytes"]);
+        assert_eq!(peak["args"]["reserved"], d["reserved_at_peak_bytes"]);
+        let at_peak = mine("allocated by category")
+            .find(|e| e["ts"] == peak["ts"])
+            .unwrap();
+        let sum: u64 = at_peak["args"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_u64().unwrap())
+            .sum();
+        assert_eq!(
+            sum,
+            d["peak_allocated_bytes"].as_u64().unwrap(),
+            "rank {rank}"
+        );
+        let name = events
+            .iter()
+            .find(|e| e["pid"] == rank as u64 && e["name"] == "process_name")
+            .unwrap();
+        assert_eq!(
+            name["args"]["name"],
+            format!("rank {rank} · device {}", d["device"])
+        );
+        // the pipeline's steps are slices, as the report's step table has them
+        let steps: Vec<&str> = events
+            .iter()
+            .filter(|e| e["pid"] == rank as u64 && e["ph"] == "X")
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        let table: Vec<&str> = d["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["quiet"] != true)
+            .map(|s| s["label"].as_str().unwrap())
+            .collect();
+        assert_eq!(steps, table, "rank {rank}");
+        assert!(!steps.is_empty());
+    }
+}
+
+#[test]
+fn an_out_of_memory_error_is_an_instant_of_the_trace() {
+    let f = testdata("snapshots/pipelines/pp2oom/memory_snapshot_rank0_pp2oom.pickle.xz");
+    let f = f.display().to_string();
+    let dir = scratch();
+    let out = dir.path().join("t.json").display().to_string();
+    ok(&["export", &f, "--format", "chrome-trace", "-o", &out]);
+    let doc: serde_json::Value = serde_json::from_slice(&fs::read(&out).unwrap()).unwrap();
+    let ooms: Vec<&serde_json::Value> = doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "i")
+        .collect();
+    // the train.log's "Tried to allocate 1000.00 MiB"
+    assert_eq!(ooms.len(), 1);
+    assert_eq!(ooms[0]["args"]["requested"], 1000 * 1024 * 1024);
+    // tables take one file at a time
+    let o = memsnap(&["export", &f, &f, "-o", dir.path().to_str().unwrap()]);
+    one_line_failure(&o, 2, "one file at a time");
+}

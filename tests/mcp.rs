@@ -133,6 +133,7 @@ fn every_tool_answers_with_the_commands_figures() {
         names,
         [
             "compare",
+            "diff",
             "live_at",
             "oom",
             "report",
@@ -188,6 +189,30 @@ fn every_tool_answers_with_the_commands_figures() {
         .call("compare", json!({"paths": [file("snapshots/fsdp")]}))
         .unwrap();
     assert_eq!(ranks["rows"].as_array().unwrap().len(), 2, "{ranks}");
+    let (b, n) = (
+        file("snapshots/sweeps/cnn/memory_snapshot_cnn_32.pickle.xz"),
+        file("snapshots/sweeps/cnn/memory_snapshot_cnn_64.pickle.xz"),
+    );
+    let truth = crate::util::json(&["diff", &b, &n]);
+    let d = c
+        .call("diff", json!({"base": b, "new": n, "top": 3}))
+        .unwrap();
+    assert_eq!(
+        d["peak_allocated_delta_bytes"],
+        truth["peak_allocated_delta_bytes"]
+    );
+    assert_eq!(d["causes"].as_array().unwrap().len(), 3);
+    let listed: i64 = d["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["peak_effect_bytes"].as_i64().unwrap())
+        .sum();
+    assert_eq!(
+        listed + d["more_causes"]["peak_effect_bytes"].as_i64().unwrap(),
+        truth["peak_allocated_delta_bytes"].as_i64().unwrap(),
+        "the causes left out are summed"
+    );
     let dir = tempfile::tempdir_in(testdata("")).unwrap();
     let png = dir.path().join("t.png");
     let drawn = c
@@ -442,7 +467,7 @@ fn a_named_pipe_or_a_slow_call_never_stops_the_server() {
     );
     let list = c.ask("tools/list", json!({}));
     let listed = c.answer(list);
-    assert_eq!(listed["result"]["tools"].as_array().map(Vec::len), Some(8));
+    assert_eq!(listed["result"]["tools"].as_array().map(Vec::len), Some(9));
     let late = tool_answer(&c.answer(slow)).unwrap_err();
     assert!(late.contains("longer than"), "{late}");
     assert!(started.elapsed() < std::time::Duration::from_secs(60));

@@ -174,3 +174,88 @@ fn nothing_to_compare_draws_nothing() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(!png.exists());
 }
+
+/// Eight ranks recorded under torchrun (the DualPipeV program, 8 pipeline ranks), each with the
+/// summary `memsnap.Capture(summary=True)` writes beside its snapshot: `memsnap report --json`
+/// of it, in `<snapshot>.summary.json`.
+#[test]
+fn a_folder_of_ranks_with_fresh_summaries_is_compared_from_them_alone() {
+    let src = testdata("snapshots/pipelines/pp8n16");
+    let dir = scratch();
+    let mut snapshots: Vec<std::path::PathBuf> = fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".pickle.xz"))
+        .collect();
+    snapshots.sort();
+    assert_eq!(snapshots.len(), 8);
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    let mut copies = Vec::new();
+    for s in &snapshots {
+        let copy = dir.path().join(s.file_name().unwrap());
+        fs::copy(s, &copy).unwrap();
+        // the summary is named after the pickle as it was written, before compression
+        let name = copy.to_string_lossy().into_owned();
+        let summary = format!("{}.summary.json", name.strip_suffix(".xz").unwrap());
+        fs::write(&summary, ok(&["report", "--json", &name])).unwrap();
+        fs::File::options()
+            .write(true)
+            .open(&copy)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        copies.push((copy, summary));
+    }
+    let folder = dir.path().to_string_lossy().into_owned();
+    let truth: Vec<String> = snapshots
+        .iter()
+        .map(|s| s.to_string_lossy().into_owned())
+        .collect();
+    let mut args = vec!["compare", "--json"];
+    args.extend(truth.iter().map(|s| s.as_str()));
+    let from_pickles = rows(&ok(&args));
+    let o = memsnap(&["compare", "--json", &folder]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("read the summaries written beside the 8 snapshots"),
+        "{}",
+        stderr(&o)
+    );
+    let from_summaries = rows(&stdout(&o));
+    assert_eq!(from_summaries.len(), 8);
+    for (a, b) in from_pickles.iter().zip(&from_summaries) {
+        assert_eq!(a["rank"], b["rank"]);
+        assert_eq!(a["peak_allocated_bytes"], b["peak_allocated_bytes"]);
+        assert_eq!(a["peak_reserved_bytes"], b["peak_reserved_bytes"]);
+    }
+    // no pickle is read: a ruined one (older than its summary) changes nothing
+    let (pickle, _) = &copies[3];
+    fs::write(pickle, b"not a pickle").unwrap();
+    fs::File::options()
+        .write(true)
+        .open(pickle)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    assert_eq!(rows(&ok(&["compare", "--json", &folder])).len(), 8);
+    // a pickle newer than its summary: the pickles are read (and the ruined one says so)
+    let (pickle, _) = &copies[5];
+    fs::File::options()
+        .write(true)
+        .open(pickle)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(60))
+        .unwrap();
+    let o = memsnap(&["compare", "--json", &folder]);
+    assert!(
+        stderr(&o)
+            .contains("reading the pickles: 1 of 8 snapshots have no summary beside them newer"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        stderr(&o).contains("memory_snapshot_rank3"),
+        "{}",
+        stderr(&o)
+    );
+}

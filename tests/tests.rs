@@ -5,6 +5,7 @@ mod capture;
 mod chart;
 mod compare;
 mod corpus;
+mod diff;
 mod errors;
 mod escaping;
 mod export;

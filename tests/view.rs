@@ -726,3 +726,109 @@ fn slots_in_names_and_titles_stay_text() {
         clean(&results[0]);
     }
 }
+
+/// A fleet page of 4,096 ranks, from summaries: one real rank's `report --json` copied with
+/// its peak varied (rank 1234 far above the rest), as a job of that size leaves them. Loads
+/// without error or request, within 5 MB and 1 s of painting, the outlier first.
+#[test]
+fn a_fleet_page_of_thousands_of_ranks_puts_the_outlier_first() {
+    let Some(script) = browser() else { return };
+    let script = script.with_file_name("fleet.mjs");
+    let dir = scratch();
+    let snapshot =
+        testdata("snapshots/pipelines/pp4n8/memory_snapshot_rank0_pp4n8_step0.pickle.xz");
+    let one: Value = report_json(&snapshot, &[]);
+    let base = one["devices"][0]["peak_allocated_bytes"].as_u64().unwrap();
+    let mut lines = String::new();
+    for rank in 0..4096u64 {
+        let mut r = one.clone();
+        r["file"] = Value::from(format!(
+            "/scratch/job/memory_snapshot_rank{rank}_step0.pickle"
+        ));
+        let peak = if rank == 1234 {
+            base * 3
+        } else {
+            base + (rank * 7919 % 1000) * 4096
+        };
+        r["devices"][0]["peak_allocated_bytes"] = Value::from(peak);
+        lines.push_str(&serde_json::to_string(&r).unwrap());
+        lines.push('\n');
+    }
+    let summaries = dir.path().join("summaries.jsonl");
+    std::fs::write(&summaries, lines).unwrap();
+    let page = dir.path().join("fleet.html");
+    let o = memsnap(&[
+        "view",
+        summaries.to_str().unwrap(),
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let size = std::fs::metadata(&page).unwrap().len();
+    assert!(size < 5_000_000, "{size} bytes");
+    let out = Command::new("node")
+        .arg(&script)
+        .arg(&page)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in ["consoleErrors", "pageErrors", "requests"] {
+        assert_eq!(r[key], serde_json::json!([]), "{key}: {r}");
+    }
+    assert_eq!(r["rows"], 4096);
+    assert!(r["paintMs"].as_f64().unwrap() < 1000.0, "{r}");
+    assert_eq!(r["first"][0]["rank"], 1234, "the outlier first: {r}");
+    assert_eq!(r["first"][0]["bytes"], base * 3);
+    assert_eq!(r["strips"], 4);
+    // sorted by rank on a click; a click on a rank names its summary
+    assert_eq!(r["byRank"][0]["rank"], 0, "{r}");
+    assert!(
+        r["detail"].as_str().unwrap().starts_with("rank 0: peak"),
+        "{r}"
+    );
+}
+
+/// Summaries written beside their snapshots: the fleet page names each rank's own page.
+#[test]
+fn a_fleet_page_names_each_ranks_own_page() {
+    let dir = scratch();
+    let src = testdata("snapshots/pipelines/pp4n8");
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.ends_with(".pickle.xz") {
+            continue;
+        }
+        let copy = dir.path().join(&name);
+        std::fs::copy(&p, &copy).unwrap();
+        let summary = dir.path().join(format!(
+            "{}.summary.json",
+            name.strip_suffix(".xz").unwrap()
+        ));
+        std::fs::write(&summary, ok(&["report", "--json", copy.to_str().unwrap()])).unwrap();
+    }
+    let summaries: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path().to_string_lossy().into_owned())
+        .filter(|p| p.ends_with(".summary.json"))
+        .collect();
+    assert_eq!(summaries.len(), 4);
+    let page = dir.path().join("fleet.html");
+    let mut args = vec!["view", "-o", page.to_str().unwrap()];
+    args.extend(summaries.iter().map(|s| s.as_str()));
+    ok(&args);
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.contains("memory_snapshot_rank2_pp4n8_step0.pickle.xz\""),
+        "the snapshot beside it"
+    );
+    let start = html.find(r#"id="data">"#).unwrap() + r#"id="data">"#.len();
+    let end = start + html[start..].find("</script>").unwrap();
+    let data: Value = serde_json::from_str(&html[start..end]).unwrap();
+    assert_eq!(data["rows"].as_array().unwrap().len(), 4);
+}

@@ -54,6 +54,8 @@ __all__ = [
     "whatif",
     "predict",
     "compare",
+    "diff",
+    "BudgetError",
     "run",
     "Capture",
     "lightning_callback",
@@ -262,6 +264,40 @@ def view(
     _run(["view", "--quiet", *flags, "--", *paths], stdin=data)
     # the path as given (str or bytes): the note shows it escaped for a terminal
     return output
+
+
+class BudgetError(MemsnapError):
+    """A budget given to :func:`diff` was broken: ``diffs`` holds the ``memsnap diff --json``
+    objects (one per pair of snapshots), the message the broken limits, one per line."""
+
+    def __init__(self, message: str, diffs: List[Dict[str, Any]]):
+        super().__init__(message, 1)
+        self.diffs = diffs
+
+
+def diff(base: Snapshot, new: Snapshot, **options: Any) -> Dict[str, Any]:
+    """The ``memsnap diff --json`` object: why ``new`` used more (or less) memory than ``base``,
+    cause by cause (``causes``, each with ``kind``, ``site``, ``module``, ``category``, ``step``,
+    ``phase`` and ``peak_effect_bytes``, adding up to ``peak_allocated_delta_bytes``). Two
+    folders of ranks give ``{"ranks": [...]}``. Budget options (``max_increase="5%"``,
+    ``max_peak="40GiB"``, ``budget="memory-budget.json"``) raise :class:`BudgetError` when
+    broken. ``new`` (not both) may be the dict of ``torch.cuda.memory._snapshot()``."""
+    if isinstance(base, dict):
+        raise TypeError("diff: the base is a path (only the new run may be a dict)")
+    new_path, data = _source(new)
+    args = ["diff", "--json", "--quiet", *_flags(options), "--", os.fspath(base), new_path]
+    done = subprocess.run([binary(), *args], input=data, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = done.stdout.decode("utf-8")
+    message = done.stderr.decode("utf-8", "replace").strip()
+    diffs = [json.loads(line) for line in out.splitlines() if line.strip()]
+    if done.returncode == 1 and diffs and "budget broken" in message:
+        lines = [l for l in message.splitlines() if "budget broken" in l]
+        raise BudgetError("\n".join(lines), diffs)
+    if done.returncode != 0:
+        raise MemsnapError(message or f"memsnap exited {done.returncode}", done.returncode)
+    if len(diffs) == 1 and "rank" not in diffs[0]:
+        return diffs[0]
+    return {"ranks": diffs}
 
 
 def compare(*snapshots: Union[str, "os.PathLike[str]"], **options: Any) -> Dict[str, Any]:

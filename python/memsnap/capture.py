@@ -30,6 +30,15 @@ recorded step and at an out-of-memory error; with the per-process cap the alloca
 (``allowed_bytes``). The callbacks find the model and optimizers themselves. Writing it never
 stops the training: a failure is warned about once.
 
+With ``summary=True`` each snapshot also gets ``<snapshot>.summary.json``: what ``memsnap report
+--json`` prints of it (one small object), written by a child process started right after the
+dump (at low priority, in its own session, so the training step is not held and an exiting
+training process does not stop it), through a temporary file renamed into place. A job of any
+size then leaves its fleet table ready: ``memsnap compare DIR`` reads the summaries instead of
+the pickles where they are newer. ``wait_summaries()`` waits for the children (a test's or a
+script's last line); a summary that cannot be made leaves ``<snapshot>.summary.err`` with the
+command's message instead.
+
 The rank comes from the environment (``RANK``, then ``SLURM_PROCID``, else 0), so probes can be
 taken before the process group exists. torch is imported when recording starts, never at
 ``import memsnap``. ``lightning_callback(cap)`` and ``transformers_callback(cap)`` give the same
@@ -46,6 +55,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -83,6 +94,30 @@ def _write_atomically(path: str, data: bytes) -> None:
         except OSError:
             pass
         raise
+
+
+# The child that writes a summary: runs `memsnap report --json` on the snapshot and renames its
+# output into place, or leaves the one-line error beside it. argv: binary, snapshot.
+_SUMMARY_CHILD = r"""
+import os, subprocess, sys, tempfile
+exe, path = sys.argv[1], sys.argv[2]
+try:
+    os.nice(10)
+except OSError:
+    pass
+done = subprocess.run([exe, "report", "--json", "--quiet", "--", path],
+                      stdin=subprocess.DEVNULL, capture_output=True)
+target = path + (".summary.json" if done.returncode == 0 else ".summary.err")
+data = done.stdout if done.returncode == 0 else (done.stderr or b"memsnap failed\n")
+fd, tmp = tempfile.mkstemp(prefix=".memsnap-", dir=os.path.dirname(os.path.abspath(path)))
+with os.fdopen(fd, "wb") as f:
+    f.write(data)
+mask = os.umask(0)
+os.umask(mask)
+os.chmod(tmp, 0o666 & ~mask)
+os.replace(tmp, target)
+sys.exit(done.returncode)
+"""
 
 
 def _import_torch():
@@ -242,8 +277,11 @@ class Capture:
         device: Optional[int] = None,
         model: Any = None,
         optimizer: Any = None,
+        summary: bool = False,
     ):
         self.out_dir = out_dir
+        self.summary = bool(summary)
+        self._children: List[Any] = []
         self.rank = _env_rank() if rank is None else int(rank)
         self.ranks = None if ranks is None else {int(r) for r in ranks}
         self.steps = sorted({int(s) for s in steps})
@@ -400,7 +438,37 @@ class Capture:
             _write_atomically(path + ".probes.json", probes)
         self._write_tensors(path)
         self.written.append(path)
+        if self.summary:
+            self._summarize(path)
         return path
+
+    def _summarize(self, path: str) -> None:
+        """Starts the child that writes ``<path>.summary.json``; never stops the training."""
+        try:
+            from . import binary
+
+            child = subprocess.Popen(
+                [sys.executable, "-c", _SUMMARY_CHILD, binary(), path],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+                start_new_session=True,
+            )
+            self._children.append(child)
+        except Exception as error:
+            self._warn(f"could not start the summary of {path}", error)
+
+    def wait_summaries(self, timeout: Optional[float] = None) -> List[str]:
+        """Waits for the summaries started so far (each at most ``timeout`` seconds) and
+        returns the paths of those written."""
+        for child in self._children:
+            try:
+                child.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self._children = [c for c in self._children if c.poll() is None]
+        return [p + ".summary.json" for p in self.written if os.path.exists(p + ".summary.json")]
 
     def _stop(self) -> None:
         torch = _import_torch()

@@ -43,7 +43,7 @@ async def main():
             await session.initialize()
             tools = await session.list_tools()
             names = sorted(t.name for t in tools.tools)
-            check(names == ["compare", "live_at", "oom", "report", "steps", "timeline", "top_sites", "whatif"], f"tools/list {names}")
+            check(names == ["compare", "diff", "live_at", "oom", "report", "steps", "timeline", "top_sites", "whatif"], f"tools/list {names}")
             report = await call(session, "report", {"path": SNAPSHOT})
             check(report["devices"][0]["peak_allocated_bytes"] == PRINTED_PEAK, "report: the printed peak")
             steps = await call(session, "steps", {"path": SNAPSHOT})

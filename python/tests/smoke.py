@@ -108,6 +108,8 @@ def main():
         check(memsnap.capture.probe("x") is None, "memsnap.capture.probe on the default capture")
     check_missing_frameworks()
     check_capture_tensors()
+    check_capture_summary()
+    check_diff()
 
     try:
         memsnap.report(42)
@@ -357,6 +359,61 @@ def check_capture_tensors():
             del sys.modules["torch"]
         else:
             sys.modules["torch"] = saved
+
+
+def check_capture_summary():
+    """`Capture(summary=True)`: the report summary written beside the snapshot by a child
+    process, here of the bundled snapshot handed out by a stand-in torch."""
+    fake, _ = _fake_torch(150_000_000_000)
+    with lzma.open(SNAPSHOT) as f:
+        recorded = pickle.load(f)
+    fake.cuda.memory._snapshot = lambda: recorded
+    saved = sys.modules.get("torch")
+    sys.modules["torch"] = fake
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cap = memsnap.Capture(tmp, steps=range(1, 2), rank=3, summary=True)
+            for step in range(3):
+                with cap.step(step):
+                    pass
+            written = cap.wait_summaries(timeout=120)
+            path = os.path.join(tmp, "memory_snapshot_rank3_step1.pickle.summary.json")
+            check(written == [path], "Capture(summary=True) writes <snapshot>.summary.json")
+            with open(path) as f:
+                summary = json.loads(f.read())
+            check(summary["devices"][0]["peak_allocated_bytes"] == PRINTED_PEAK,
+                  "the summary is report --json's object, with the printed peak")
+            compared = memsnap.compare(tmp)
+            check(compared["rows"][0]["peak_allocated_bytes"] == PRINTED_PEAK,
+                  "compare of the folder reads the summary")
+
+            cap = memsnap.Capture(tmp, steps=range(0, 1), rank=4, summary=True)
+            fake.cuda.memory._snapshot = lambda: {"segments": [], "device_traces": [[]]}
+            with cap.step(0):
+                pass
+            check(cap.wait_summaries(timeout=120) == []
+                  and os.path.exists(cap.written[0] + ".summary.err"),
+                  "a snapshot that cannot be summarised leaves <snapshot>.summary.err")
+    finally:
+        if saved is None:
+            del sys.modules["torch"]
+        else:
+            sys.modules["torch"] = saved
+
+
+def check_diff():
+    """`memsnap.diff`: the causes add up to the change of the peak; a broken budget raises."""
+    base = "testdata/snapshots/sweeps/cnn/memory_snapshot_cnn_32.pickle.xz"
+    new = "testdata/snapshots/sweeps/cnn/memory_snapshot_cnn_64.pickle.xz"
+    d = memsnap.diff(base, new)
+    check(sum(c["peak_effect_bytes"] for c in d["causes"]) == d["peak_allocated_delta_bytes"] == 5854787584 - 3077896704,
+          "diff: the effects add up to the printed change of the peak")
+    try:
+        memsnap.diff(base, new, max_increase="5%")
+        check(False, "diff over budget raises")
+    except memsnap.BudgetError as e:
+        check("--max-increase 5%" in str(e) and len(e.diffs) == 1, "diff over budget raises BudgetError")
+    check(memsnap.diff(base, base)["verdict"] == "no change", "diff of a run with itself: no change")
 
 
 def check_missing_frameworks():

@@ -279,6 +279,9 @@ impl Scan {
     }
 }
 
+/// The stage of allocations made while activation checkpointing recomputes a forward.
+pub const RECOMPUTE: &str = "activation checkpointing: recompute";
+
 fn facts(
     snap: &Snapshot,
     stack: StackId,
@@ -296,7 +299,7 @@ fn facts(
     let stage = if let Some(f) = scan.fsdp {
         f.to_string()
     } else if recompute {
-        "activation checkpointing: recompute".to_string()
+        RECOMPUTE.to_string()
     } else if let Some(c) = modules::module_chain(snap, stack, sources, classes) {
         let path = c.render(&[]);
         chains.push(c);

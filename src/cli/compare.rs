@@ -45,7 +45,7 @@ pub struct CompareArgs {
 }
 
 /// A summary of `memsnap report --json` (one object per line), not a snapshot.
-fn is_summary_name(p: &Path) -> bool {
+pub(super) fn is_summary_name(p: &Path) -> bool {
     let name = p
         .file_name()
         .map(|n| n.to_string_lossy().to_ascii_lowercase())
@@ -89,6 +89,7 @@ pub(super) fn expand(inputs: &[PathBuf], recursive: bool) -> (Vec<PathBuf>, bool
             files.push((input.clone(), false));
         }
     }
+    use_fresh_summaries(&mut files);
     let left_out = |(f, listed): &(PathBuf, bool)| *listed && is_summary_name(f);
     if files.iter().any(|(f, _)| !is_summary_name(f)) {
         let summaries = files.iter().filter(|f| left_out(f)).count();
@@ -101,6 +102,77 @@ pub(super) fn expand(inputs: &[PathBuf], recursive: bool) -> (Vec<PathBuf>, bool
         }
     }
     (files.into_iter().map(|(f, _)| f).collect(), any_dir)
+}
+
+/// The summary `memsnap.Capture(summary=True)` (or `report --json > NAME.summary.json`)
+/// writes beside a snapshot: `<snapshot>.summary.json`, the snapshot's name taken with or
+/// without its compression suffix.
+fn summary_key(p: &Path) -> Option<String> {
+    let name = p.file_name()?.to_string_lossy().into_owned();
+    let strip = |n: &str| -> String {
+        let mut n = n;
+        for suffix in [".xz", ".gz", ".zst"] {
+            n = n.strip_suffix(suffix).unwrap_or(n);
+        }
+        n.to_string()
+    };
+    let dir = p.parent().map(|d| d.to_path_buf()).unwrap_or_default();
+    let key = match name.strip_suffix(".summary.json") {
+        Some(snapshot) => strip(snapshot),
+        None if is_snapshot_name(p) && !is_summary_name(p) => strip(&name),
+        None => return None,
+    };
+    Some(dir.join(key).display().to_string())
+}
+
+/// When every snapshot a folder listing found has a summary beside it that is newer than the
+/// snapshot, the summaries stand for the snapshots (no pickle is read); otherwise the
+/// snapshots are read, and a note says how many summaries were missing or older.
+fn use_fresh_summaries(files: &mut Vec<(PathBuf, bool)>) {
+    use std::collections::HashMap;
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let summaries: HashMap<String, PathBuf> = files
+        .iter()
+        .filter(|(f, listed)| *listed && is_summary_name(f))
+        .filter_map(|(f, _)| {
+            let name = f.file_name()?.to_string_lossy().into_owned();
+            name.ends_with(".summary.json")
+                .then(|| Some((summary_key(f)?, f.clone())))
+                .flatten()
+        })
+        .collect();
+    let snapshots: Vec<usize> = (0..files.len())
+        .filter(|&k| files[k].1 && !is_summary_name(&files[k].0))
+        .collect();
+    if snapshots.is_empty() || summaries.is_empty() {
+        return;
+    }
+    let fresh: Vec<Option<PathBuf>> = snapshots
+        .iter()
+        .map(|&k| {
+            let snapshot = &files[k].0;
+            let summary = summaries.get(&summary_key(snapshot)?)?;
+            match (modified(snapshot), modified(summary)) {
+                (Some(a), Some(b)) if b >= a => Some(summary.clone()),
+                _ => None,
+            }
+        })
+        .collect();
+    let stale = fresh.iter().filter(|f| f.is_none()).count();
+    if stale > 0 {
+        note!(
+            "memsnap: reading the pickles: {} of {} snapshots have no summary beside them newer than they are",
+            stale,
+            snapshots.len()
+        );
+        return;
+    }
+    note!(
+        "memsnap: read the summaries written beside the {} snapshots (each newer than its pickle)",
+        snapshots.len()
+    );
+    let chosen: HashSet<PathBuf> = fresh.into_iter().flatten().collect();
+    files.retain(|(f, listed)| !*listed || chosen.contains(f));
 }
 
 /// The error for inputs that [`expand`] found no snapshot in.

@@ -20,6 +20,9 @@ pub enum Format {
     Csv,
     /// One JSON object per row.
     Jsonl,
+    /// A Chrome trace (JSON) for Perfetto or chrome://tracing: one process per file (rank),
+    /// memory counters, steps as slices, OOMs as instants; `-o` names the file.
+    ChromeTrace,
 }
 
 impl Format {
@@ -28,6 +31,7 @@ impl Format {
             Format::Parquet => "parquet",
             Format::Csv => "csv",
             Format::Jsonl => "jsonl",
+            Format::ChromeTrace => "json",
         }
     }
 }
@@ -36,14 +40,16 @@ impl Format {
 #[derive(Debug, clap::Args)]
 #[command(
     after_help = "Examples:\n  memsnap export rank0.pickle.xz -o tables/\n  \
+                        memsnap export rank*.pickle.xz --format chrome-trace -o memory.trace.json\n  \
                         python -c 'import polars; print(polars.read_parquet(\"tables/events.parquet\"))'\n  \
                         memsnap export rank0.pickle.xz -o tables/ --format csv"
 )]
 pub struct ExportArgs {
-    /// Snapshot file (`-` reads standard input).
-    pub file: PathBuf,
-    /// Output folder (created if its parent exists).
-    #[arg(short, long, value_name = "DIR")]
+    /// Snapshot file (`-` reads standard input); several (ranks) for `--format chrome-trace`.
+    #[arg(required = true, num_args = 1..)]
+    pub files: Vec<PathBuf>,
+    /// Output folder (created if its parent exists); the trace file for `chrome-trace`.
+    #[arg(short, long, value_name = "DIR|FILE")]
     pub output: PathBuf,
     /// File format.
     #[arg(long, value_enum, default_value_t = Format::Parquet)]
@@ -59,6 +65,22 @@ pub struct ExportArgs {
 }
 
 pub fn run(args: ExportArgs) -> Result<(), Failure> {
+    if args.format == Format::ChromeTrace {
+        return chrome_trace(&args);
+    }
+    if args.files.len() != 1 {
+        return Err(memsnap::Error::new(
+            &args.files[1],
+            UsageError::BadValue {
+                option: "FILE",
+                value: args.files[1].display().to_string(),
+                reason: "tables are written for one file at a time (several only with --format chrome-trace)".into(),
+            }
+            .into(),
+        )
+        .into());
+    }
+    let file = &args.files[0];
     if args.format != Format::Jsonl && !cfg!(feature = "export") {
         return Err(Failure::Usage(UsageError::NotBuilt {
             feature: "export",
@@ -68,19 +90,17 @@ pub fn run(args: ExportArgs) -> Result<(), Failure> {
     }
     prepare_folder(&args.output)?;
     let options = args.input.analysis()?;
-    let snap = load(&args.file)?;
+    let snap = load(file)?;
     let devices = match args.device {
-        Some(_) => {
-            super::choose_devices(memsnap::analysis::devices(&snap), args.device, &args.file)?
-        }
+        Some(_) => super::choose_devices(memsnap::analysis::devices(&snap), args.device, file)?,
         // devices with events, else with segments; none at all is an error, as everywhere
-        None => super::choose_devices(memsnap::analysis::devices(&snap), None, &args.file)?,
+        None => super::choose_devices(memsnap::analysis::devices(&snap), None, file)?,
     };
     let analyses: Vec<_> = devices
         .iter()
         .map(|&d| memsnap::analysis::analyse_device(&snap, d, &options))
         .collect();
-    super::within_memory(&args.file)?;
+    super::within_memory(file)?;
     let mut written = Vec::new();
     let path_of = |name: &str| {
         args.output
@@ -115,7 +135,7 @@ pub fn run(args: ExportArgs) -> Result<(), Failure> {
                 memsnap::output::OutputError::Io(io::Error::other(m)).into(),
             )
         })?;
-        super::within_memory(&args.file)?;
+        super::within_memory(file)?;
         if !args.json {
             writeln!(
                 stdout,
@@ -137,6 +157,76 @@ pub fn run(args: ExportArgs) -> Result<(), Failure> {
             stdout,
             "{}",
             serde_json::json!({ "format": args.format.extension(), "tables": written })
+        )?;
+    }
+    stdout.flush()?;
+    Ok(())
+}
+
+/// `--format chrome-trace`: every file (each device with events) one process of one trace.
+fn chrome_trace(args: &ExportArgs) -> Result<(), Failure> {
+    use memsnap::export::chrome;
+    use memsnap::report::compare::rank_from_name;
+    let options = args.input.analysis()?;
+    super::check_output(&args.output, Naming::Named)?;
+    let snaps = args
+        .files
+        .iter()
+        .map(|f| load(f))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut analyses = Vec::new();
+    for (f, snap) in args.files.iter().zip(&snaps) {
+        for d in super::devices(snap, args.device, f)? {
+            analyses.push((f, memsnap::analysis::analyse_device(snap, d, &options)));
+            super::within_memory(f)?;
+        }
+    }
+    let several_devices = analyses.len() > args.files.len();
+    let runs: Vec<chrome::Run> = analyses
+        .iter()
+        .enumerate()
+        .map(|(k, (f, a))| {
+            let rank = rank_from_name(&f.display().to_string());
+            let who = match rank {
+                Some(r) => format!("rank {r}"),
+                None => super::stem(f),
+            };
+            let device = memsnap::snapshot::device_name(a.device());
+            chrome::Run {
+                name: format!("{who} · {device}"),
+                pid: match rank {
+                    Some(r) if !several_devices => r,
+                    _ => k as u32,
+                },
+                analysis: a,
+            }
+        })
+        .collect();
+    let mut pending = super::create_output(&args.output, Naming::Named)?;
+    let written = {
+        let mut w = BufWriter::new(pending.file());
+        chrome::write(&mut w, &runs, chrome::MAX_SAMPLES).and_then(|()| w.flush())
+    };
+    written.map_err(|e| super::write_failed(&args.output, e))?;
+    super::commit_output(pending, &args.output)?;
+    let mut stdout = super::stdout(args.json);
+    if args.json {
+        writeln!(
+            stdout,
+            "{}",
+            serde_json::json!({"format": "chrome-trace", "path": args.output.display().to_string(), "processes": runs.len()})
+        )?;
+    } else {
+        writeln!(
+            stdout,
+            "wrote {} ({} {}; open it in https://ui.perfetto.dev or chrome://tracing)",
+            super::shown(&args.output),
+            runs.len(),
+            if runs.len() == 1 {
+                "process"
+            } else {
+                "processes"
+            }
         )?;
     }
     stdout.flush()?;
@@ -189,6 +279,7 @@ fn write(
             .map_err(|e| e.to_string())?,
         #[cfg(not(feature = "export"))]
         Format::Parquet | Format::Csv => unreachable!("refused in run"),
+        Format::ChromeTrace => unreachable!("written by chrome_trace"),
     }
     out.commit().map_err(|e| e.to_string())
 }

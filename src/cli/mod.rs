@@ -11,6 +11,7 @@ macro_rules! note {
 }
 
 mod compare;
+mod diff;
 mod export;
 mod flamegraph;
 pub(crate) mod mcp;
@@ -68,6 +69,9 @@ enum Command {
     Timeline(timeline::TimelineArgs),
     /// Compare two snapshots side by side, or a folder of ranks in one table.
     Compare(compare::CompareArgs),
+    /// Why one run used more (or less) memory than another: the two runs' requests aligned,
+    /// each difference classified, its effect on the peak in exact bytes; a budget for CI.
+    Diff(diff::DiffArgs),
     /// Simulate the caching allocator under other settings or memory caps: would it fit?
     Whatif(whatif::WhatIfArgs),
     /// Explain an out-of-memory error: figures, what was live, why, and what would fit.
@@ -340,6 +344,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Report(args) => report::run(args),
         Command::Timeline(args) => timeline::run(args),
         Command::Compare(args) => compare::run(args),
+        Command::Diff(args) => diff::run(args),
         Command::Whatif(args) => whatif::run_whatif(args),
         Command::Oom(args) => whatif::run_oom(args),
         Command::Flamegraph(args) => flamegraph::run(args),
@@ -454,6 +459,12 @@ fn note_inputs(command: &Command) {
             a.inputs.iter().map(|p| p.as_path()).collect(),
             Some(&a.input),
         ),
+        Command::Diff(a) => {
+            if let Some(b) = &a.budget {
+                note_input(b);
+            }
+            (vec![a.base.as_path(), a.new.as_path()], Some(&a.input))
+        }
         Command::Whatif(a) => {
             for s in &a.scale {
                 if let Ok((path, _)) = whatif::scale_arg(s) {
@@ -470,7 +481,10 @@ fn note_inputs(command: &Command) {
             Some(&a.input),
         ),
         Command::Flamegraph(a) => (vec![a.file.as_path()], Some(&a.input)),
-        Command::Export(a) => (vec![a.file.as_path()], Some(&a.input)),
+        Command::Export(a) => (
+            a.files.iter().map(|p| p.as_path()).collect(),
+            Some(&a.input),
+        ),
         Command::Trim(a) => (vec![a.file.as_path()], None),
         Command::View(a) => (
             a.inputs.iter().map(|p| p.as_path()).collect(),

@@ -84,7 +84,7 @@ pub fn run(files: &[PathBuf], args: &Shown) -> Result<(), Failure> {
 }
 
 /// The reports of one summary file, one JSON object per line.
-fn read_summary(path: &std::path::Path) -> Result<Vec<FileReport>, memsnap::Error> {
+pub(super) fn read_summary(path: &std::path::Path) -> Result<Vec<FileReport>, memsnap::Error> {
     let fail = |kind| memsnap::Error::new(path, kind);
     memsnap::output::note_input(path);
     let file = std::fs::File::open(path).map_err(|e| fail(memsnap::ErrorKind::Io(e)))?;

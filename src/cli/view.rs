@@ -57,6 +57,9 @@ pub fn run(args: ViewArgs) -> Result<(), Failure> {
     if files.is_empty() {
         return Err(super::compare::no_inputs(&args.inputs, args.recursive).into());
     }
+    if files.iter().all(|f| super::compare::is_summary_name(f)) {
+        return fleet(&args, &files);
+    }
     let (out, naming) = match &args.output {
         Some(o) => (o.clone(), Naming::Named),
         None if files.len() == 1 => (
@@ -269,4 +272,57 @@ fn open(page: &Path) {
             memsnap::io_text(&e)
         );
     }
+}
+
+/// `memsnap view` of report summaries: the fleet page, one row per rank.
+fn fleet(args: &ViewArgs, files: &[PathBuf]) -> Result<(), Failure> {
+    let out = args
+        .output
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("memsnap-fleet.html"));
+    let naming = if args.output.is_some() {
+        Naming::Named
+    } else {
+        Naming::Chosen
+    };
+    super::check_output(&out, naming)?;
+    let read: Vec<Result<Vec<FileReport>, memsnap::Error>> = files
+        .par_iter()
+        .map(|f| super::summaries::read_summary(f))
+        .collect();
+    let mut tally = Tally::default();
+    let mut summaries = Vec::new();
+    for (f, r) in files.iter().zip(read) {
+        match r {
+            Ok(reports) => summaries.push(memsnap::page::fleet::Summary {
+                reports,
+                snapshot: snapshot_beside(f),
+            }),
+            Err(e) => tally.complain(&e),
+        }
+    }
+    let title = args
+        .title
+        .clone()
+        .unwrap_or_else(|| format!("memsnap · {} summaries", summaries.len()));
+    let mut pending = super::create_output(&out, naming)?;
+    let written = {
+        let mut w = std::io::BufWriter::new(pending.file());
+        memsnap::page::fleet::write(&mut w, &title, &summaries).and_then(|()| w.flush())
+    };
+    written.map_err(|e| super::write_failed(&out, e))?;
+    super::commit_output(pending, &out)?;
+    note!("memsnap: wrote {}", super::shown(&out));
+    tally.finish()
+}
+
+/// The snapshot a `<snapshot>.summary.json` was written for, when it is beside it (as written,
+/// or compressed since).
+fn snapshot_beside(summary: &std::path::Path) -> Option<String> {
+    let name = summary.to_string_lossy();
+    let snapshot = name.strip_suffix(".summary.json")?;
+    ["", ".xz", ".gz", ".zst"]
+        .iter()
+        .map(|suffix| format!("{snapshot}{suffix}"))
+        .find(|p| std::path::Path::new(p).is_file())
 }

@@ -122,6 +122,18 @@ struct CompareArgs {
 }
 
 #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct DiffArgs {
+    /// The base run's snapshot file, relative to the server's first root.
+    base: String,
+    /// The new run's snapshot file, relative to the server's first root.
+    new: String,
+    /// Only this device of each (default: the first with trace events).
+    device: Option<u32>,
+    /// Causes to return, largest effect first (default 20; the rest are summed).
+    top: Option<usize>,
+}
+
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
 struct TimelineArgs {
     /// A snapshot file, relative to the server's first root.
     path: String,
@@ -413,6 +425,25 @@ impl Server {
         json_result(&Ranks::new(profiles, failures))
     }
 
+    fn diff_now(&self, a: DiffArgs) -> Result<CallToolResult, McpError> {
+        let (sb, sn) = (self.snapshot(&a.base)?, self.snapshot(&a.new)?);
+        let ab = self.analyse(&sb, &a.base, a.device)?;
+        let an = self.analyse(&sn, &a.new, a.device)?;
+        let names = (self.roots.relative(&a.base), self.roots.relative(&a.new));
+        let mut d = memsnap::diff::diff(&ab, &an, (&names.0, &names.1));
+        let top = a.top.unwrap_or(20).max(1);
+        if d.causes.len() > top {
+            let rest: Vec<_> = d.causes.split_off(top);
+            let effect: i64 = rest.iter().map(|c| c.peak_effect_bytes).sum();
+            let mut v = serde_json::to_value(&d)
+                .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+            v["more_causes"] =
+                serde_json::json!({"count": rest.len(), "peak_effect_bytes": effect});
+            return json_result(&v);
+        }
+        json_result(&d)
+    }
+
     fn timeline_now(&self, a: TimelineArgs) -> Result<CallToolResult, McpError> {
         let snap = self.snapshot(&a.path)?;
         let da = self.analyse(&snap, &a.path, a.device)?;
@@ -536,6 +567,13 @@ impl Server {
         Parameters(a): Parameters<CompareArgs>,
     ) -> Result<CallToolResult, McpError> {
         self.off_thread(move |s| s.compare_now(a)).await
+    }
+
+    #[tool(
+        description = "Why one run used more (or less) memory than another (memsnap diff --json): the two runs' requests aligned, each difference classified (new, gone, count, size, life, before_recording, allocator) with its site, module, category, step and phase, and its effect on the peak in bytes; the effects add up to peak_allocated_delta_bytes. Paths are relative to the server's first root."
+    )]
+    async fn diff(&self, Parameters(a): Parameters<DiffArgs>) -> Result<CallToolResult, McpError> {
+        self.off_thread(move |s| s.diff_now(a)).await
     }
 
     #[tool(

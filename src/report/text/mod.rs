@@ -2,6 +2,7 @@
 //! comparisons the same way.
 
 pub mod compare;
+pub mod diff;
 pub mod whatif;
 
 use std::io::{self, Write};
@@ -83,7 +84,12 @@ impl<'a> Out<'a> {
     /// Every cell is escaped as [`Out::text`] escapes a name, so that no name can end a row or
     /// a cell.
     pub fn table(&self, t: &Table, by: &str) -> String {
-        let t = &self.escaped(t);
+        self.table_of_escaped(&self.escaped(t), by)
+    }
+
+    /// [`Out::table`] of a table whose cells the caller escaped already, each part with
+    /// [`Out::text`]: its own line breaks stay line breaks (several lines in one cell).
+    pub fn table_of_escaped(&self, t: &Table, by: &str) -> String {
         if self.markdown {
             let mut md = t.clone();
             md.load_style(comfy_table::presets::ASCII_MARKDOWN);

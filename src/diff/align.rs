@@ -1,0 +1,330 @@
+//! The two runs' requests aligned, and one timeline that holds both.
+//!
+//! Each allocation is given a token: the stream it was asked on (streams numbered in the
+//! order the run first used them, since the handles differ between processes) and its call
+//! site (file and function of its innermost frames, without line numbers, so that an edit
+//! above a call does not unalign everything after it). The two token sequences are aligned
+//! with the Myers diff of the `similar` crate: allocations it pairs are the same request of
+//! the program in both runs; the others are requests of one run only.
+//!
+//! The merged timeline gives every allocation and free of both runs a position, keeping each
+//! run's own order: up to each pair of aligned allocations, the base run's events, then the
+//! new run's, then the pair at one position. A block of either run is then a span of
+//! positions, from its allocation to its free (or the end), and the allocated bytes of the
+//! base run alone (or the new run alone) at its own events are the spans laid over each
+//! other: their highest point is that run's peak. The stretch between two aligned
+//! allocations is a *gap*; a block whose free falls in the same gap in both runs lives as
+//! long in both.
+//!
+//! Blocks alive before recording started have no allocation to align: they are paired by
+//! size, in the order they were freed.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::time::{Duration, Instant};
+
+use rustc_hash::FxHasher;
+use similar::{capture_diff_slices_deadline, Algorithm, DiffOp};
+
+use super::effects::Span;
+use crate::analysis::DeviceAnalysis;
+use crate::replay::{NONE, PREEXISTING};
+use crate::snapshot::Action;
+
+/// Innermost frames that make an allocation's call site for the alignment.
+const SITE_FRAMES: usize = 5;
+/// Time given to the diff before it settles for a coarser alignment.
+const DIFF_DEADLINE: Duration = Duration::from_secs(10);
+/// A free that never came: the block lives to the end.
+pub const NEVER: u32 = u32::MAX;
+
+/// Where a block of one run came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// The allocation at this trace event.
+    Event(usize),
+    /// Alive before the first event: this index of the replay's pre-existing blocks.
+    BeforeTrace(usize),
+}
+
+/// One block of one run on the merged timeline.
+#[derive(Clone, Copy, Debug)]
+pub struct Block {
+    /// What made it.
+    pub origin: Origin,
+    /// Its span of positions and the bytes it counts.
+    pub span: Span,
+    /// The bytes the program asked for (the block may be larger).
+    pub requested: u64,
+    /// The trace event that freed it, if any.
+    pub freed_by: Option<usize>,
+    /// The gap its free fell in ([`NEVER`] when it lived to the end).
+    pub free_gap: u32,
+}
+
+/// How a block of one run corresponds to the other run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pairing {
+    /// The same request in both runs: base block, new block.
+    Both(usize, usize),
+    /// Only in the base run.
+    Base(usize),
+    /// Only in the new run.
+    New(usize),
+}
+
+/// Both runs on one timeline.
+pub struct Aligned {
+    /// Positions of the merged timeline (position 0 is recording start).
+    pub positions: usize,
+    /// The base run's blocks.
+    pub base: Vec<Block>,
+    /// The new run's blocks.
+    pub new: Vec<Block>,
+    /// Every block of either run, once.
+    pub pairs: Vec<Pairing>,
+    /// Allocations recorded in each run.
+    pub requests: (usize, usize),
+    /// Allocations aligned.
+    pub aligned: usize,
+    /// Whether the diff finished (else the alignment is coarser than it could be).
+    pub complete: bool,
+}
+
+/// The alignment tokens of a run's allocations, with the allocations' event indices.
+fn tokens(a: &DeviceAnalysis) -> (Vec<u64>, Vec<usize>) {
+    let snap = a.snap;
+    let mut sites: HashMap<crate::snapshot::StackId, u64> = HashMap::new();
+    let mut streams: HashMap<i64, u64> = HashMap::new();
+    let mut tokens = Vec::new();
+    let mut events = Vec::new();
+    for (i, e) in snap.trace(a.device()).iter().enumerate() {
+        if e.action != Action::Alloc {
+            continue;
+        }
+        let site = *sites.entry(e.stack).or_insert_with(|| {
+            let mut h = FxHasher::default();
+            for f in snap.stacks.frames(e.stack).take(SITE_FRAMES) {
+                let file = snap.str(f.filename);
+                file.rsplit('/').next().unwrap_or(file).hash(&mut h);
+                snap.str(f.name).hash(&mut h);
+            }
+            h.finish()
+        });
+        let next = streams.len() as u64;
+        let stream = *streams.entry(e.stream).or_insert(next);
+        let mut h = FxHasher::default();
+        (site, stream).hash(&mut h);
+        tokens.push(h.finish());
+        events.push(i);
+    }
+    (tokens, events)
+}
+
+/// Pairs of aligned allocations (indices into each run's allocations), and whether the diff
+/// finished in time.
+fn anchors(base: &[u64], new: &[u64]) -> (Vec<(usize, usize)>, bool) {
+    let deadline = Instant::now() + DIFF_DEADLINE;
+    let ops = capture_diff_slices_deadline(Algorithm::Myers, base, new, Some(deadline));
+    let mut out = Vec::new();
+    for op in ops {
+        if let DiffOp::Equal {
+            old_index,
+            new_index,
+            len,
+        } = op
+        {
+            out.extend((0..len).map(|k| (old_index + k, new_index + k)));
+        }
+    }
+    (out, Instant::now() < deadline)
+}
+
+/// Which events of a run change its allocated bytes: allocations and the frees of blocks.
+fn counted_events(a: &DeviceAnalysis) -> Vec<bool> {
+    let r = &a.replay;
+    let mut counted = vec![false; r.partner.len()];
+    for (i, e) in a.snap.trace(a.device()).iter().enumerate() {
+        if e.action == Action::Alloc {
+            counted[i] = true;
+            let f = r.partner[i];
+            if f != NONE && (f as usize) < counted.len() {
+                counted[f as usize] = true;
+            }
+        }
+    }
+    for p in &r.preexisting {
+        if p.live && p.freed_at != NONE && (p.freed_at as usize) < counted.len() {
+            counted[p.freed_at as usize] = true;
+        }
+    }
+    counted
+}
+
+/// Positions and gaps given to one run's events while the timeline is laid out.
+struct Placed {
+    pos: Vec<u32>,
+    gap: Vec<u32>,
+    counted: Vec<bool>,
+    next: usize,
+}
+
+impl Placed {
+    fn new(a: &DeviceAnalysis) -> Placed {
+        let counted = counted_events(a);
+        let n = counted.len();
+        Placed {
+            pos: vec![0; n],
+            gap: vec![0; n],
+            counted,
+            next: 0,
+        }
+    }
+
+    /// Places this run's counted events before `end` at fresh positions.
+    fn place_until(&mut self, end: usize, pos: &mut u32, gap: u32) {
+        while self.next < end {
+            if self.counted[self.next] {
+                self.pos[self.next] = *pos;
+                self.gap[self.next] = gap;
+                *pos += 1;
+            }
+            self.next += 1;
+        }
+    }
+}
+
+/// The blocks of one run, on the merged timeline.
+fn blocks(a: &DeviceAnalysis, placed: &Placed, positions: u32) -> Vec<Block> {
+    let r = &a.replay;
+    let mut out = Vec::new();
+    for (k, p) in r.preexisting.iter().enumerate().filter(|(_, p)| p.live) {
+        let freed = (p.freed_at != NONE).then_some(p.freed_at as usize);
+        out.push(Block {
+            origin: Origin::BeforeTrace(k),
+            span: Span {
+                start: 0,
+                end: freed.map_or(positions, |f| placed.pos[f]),
+                bytes: p.size,
+            },
+            requested: p.requested,
+            freed_by: freed,
+            free_gap: freed.map_or(NEVER, |f| placed.gap[f]),
+        });
+    }
+    for (i, e) in a.snap.trace(a.device()).iter().enumerate() {
+        if e.action != Action::Alloc {
+            continue;
+        }
+        let f = r.partner[i];
+        let freed = (f != NONE && f & PREEXISTING == 0).then_some(f as usize);
+        out.push(Block {
+            origin: Origin::Event(i),
+            span: Span {
+                start: placed.pos[i],
+                end: freed.map_or(positions, |f| placed.pos[f]),
+                bytes: r.bytes[i],
+            },
+            requested: e.size,
+            freed_by: freed,
+            free_gap: freed.map_or(NEVER, |f| placed.gap[f]),
+        });
+    }
+    out
+}
+
+/// Aligns the new run with the base run and lays both on one timeline.
+pub fn align(base: &DeviceAnalysis, new: &DeviceAnalysis) -> Aligned {
+    let (tb, eb) = tokens(base);
+    let (tn, en) = tokens(new);
+    let (pairs, complete) = anchors(&tb, &tn);
+    let mut pb = Placed::new(base);
+    let mut pn = Placed::new(new);
+    // position 0 is recording start, before every event
+    let mut pos = 1u32;
+    for (gap, &(kb, kn)) in pairs.iter().enumerate() {
+        let (ib, in_) = (eb[kb], en[kn]);
+        pb.place_until(ib, &mut pos, gap as u32);
+        pn.place_until(in_, &mut pos, gap as u32);
+        // the aligned pair shares one position, which opens the next gap
+        pb.pos[ib] = pos;
+        pn.pos[in_] = pos;
+        pb.gap[ib] = gap as u32 + 1;
+        pn.gap[in_] = gap as u32 + 1;
+        pb.next = ib + 1;
+        pn.next = in_ + 1;
+        pos += 1;
+    }
+    let last = pairs.len() as u32;
+    pb.place_until(pb.counted.len(), &mut pos, last);
+    pn.place_until(pn.counted.len(), &mut pos, last);
+    let positions = pos;
+    let bb = blocks(base, &pb, positions);
+    let bn = blocks(new, &pn, positions);
+
+    // blocks by allocation event, to turn aligned allocations into pairs of blocks
+    let index_b: HashMap<usize, usize> = event_index(&bb);
+    let index_n: HashMap<usize, usize> = event_index(&bn);
+    let mut paired_b = vec![false; bb.len()];
+    let mut paired_n = vec![false; bn.len()];
+    let mut out = Vec::with_capacity(bb.len().max(bn.len()));
+    for &(kb, kn) in &pairs {
+        let (b, n) = (index_b[&eb[kb]], index_n[&en[kn]]);
+        paired_b[b] = true;
+        paired_n[n] = true;
+        out.push(Pairing::Both(b, n));
+    }
+    for (b, n) in before_trace_pairs(&bb, &bn) {
+        paired_b[b] = true;
+        paired_n[n] = true;
+        out.push(Pairing::Both(b, n));
+    }
+    out.extend((0..bb.len()).filter(|&b| !paired_b[b]).map(Pairing::Base));
+    out.extend((0..bn.len()).filter(|&n| !paired_n[n]).map(Pairing::New));
+    Aligned {
+        positions: positions as usize,
+        base: bb,
+        new: bn,
+        pairs: out,
+        requests: (eb.len(), en.len()),
+        aligned: pairs.len(),
+        complete,
+    }
+}
+
+fn event_index(blocks: &[Block]) -> HashMap<usize, usize> {
+    blocks
+        .iter()
+        .enumerate()
+        .filter_map(|(k, b)| match b.origin {
+            Origin::Event(i) => Some((i, k)),
+            Origin::BeforeTrace(_) => None,
+        })
+        .collect()
+}
+
+/// Blocks alive before recording, paired by size: of each size, the first freed with the
+/// first freed.
+fn before_trace_pairs(base: &[Block], new: &[Block]) -> Vec<(usize, usize)> {
+    let by_size = |blocks: &[Block]| {
+        let mut m: HashMap<u64, Vec<usize>> = HashMap::new();
+        for (k, b) in blocks.iter().enumerate() {
+            if matches!(b.origin, Origin::BeforeTrace(_)) {
+                m.entry(b.span.bytes).or_default().push(k);
+            }
+        }
+        for list in m.values_mut() {
+            list.sort_by_key(|&k| (blocks[k].span.end, k));
+        }
+        m
+    };
+    let (mb, mn) = (by_size(base), by_size(new));
+    let mut out = Vec::new();
+    for (size, list) in &mb {
+        if let Some(other) = mn.get(size) {
+            out.extend(list.iter().copied().zip(other.iter().copied()));
+        }
+    }
+    out.sort_unstable();
+    out
+}

@@ -1,0 +1,1100 @@
+//! Diff: why one run of a program used more (or less) memory than another, cause by cause.
+//!
+//! The two runs' requests are [aligned](align) into one timeline. Every block then either has
+//! a partner in the other run or not, and each difference is one of a few kinds ([`Kind`]):
+//! an allocation only one run made (new, gone, or a changed count where the site allocates in
+//! both), a size that changed, a life that changed (freed in another gap of the aligned
+//! requests: "now alive until the optimizer step"), or a block alive before recording started.
+//! Blocks are grouped into causes by kind, call site and category (the layers of a model,
+//! which share their call sites, make one cause, their modules listed as one range). Where
+//! allocations at one site are gone and others, called from the same place, are new (an
+//! attention function replaced by another), the two make one cause.
+//!
+//! **Effects on the peak, exactly.** Start from the base run's allocated bytes at every
+//! position of the timeline; apply the causes one after the other, each replacing its base
+//! blocks with its new ones ([`effects::Curve`]), and read the highest point after each. A
+//! cause's effect is how much it moved that highest point, so the effects add up to the new
+//! peak minus the base peak, to the byte. The order is the causes' effects applied alone,
+//! largest first; both figures are kept.
+//!
+//! **Reserved bytes** are said apart: when the allocator settings differ, the new run's
+//! requests are [simulated](crate::simulate) under the base run's settings, which splits the
+//! change of the reserved peak into what the requests did and what the settings did. With the
+//! same requests and settings, a different reserved peak is the allocator's placement alone.
+
+pub mod align;
+pub mod effects;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde::Serialize;
+
+use crate::analysis::breakdown::without_frames;
+use crate::analysis::{DeviceAnalysis, Dimension, Keyer};
+use crate::attribute::Label;
+use crate::simulate::{self, AllocConf, Program};
+use align::{Block, Origin, Pairing};
+use effects::{Curve, Span};
+
+/// What kind of difference a cause is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Allocations only the new run made, at a site the base run never allocated at.
+    New,
+    /// Allocations only the base run made, at a site the new run never allocated at.
+    Gone,
+    /// More or fewer allocations at a site that allocates in both runs.
+    Count,
+    /// The same request, another size.
+    Size,
+    /// The same request and size, freed at another point.
+    Life,
+    /// Blocks alive before recording started.
+    BeforeRecording,
+    /// The allocator alone: reserved bytes, not requests.
+    Allocator,
+}
+
+impl Kind {
+    /// The kind in one word, as the JSON names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::New => "new",
+            Kind::Gone => "gone",
+            Kind::Count => "count",
+            Kind::Size => "size",
+            Kind::Life => "life",
+            Kind::BeforeRecording => "before_recording",
+            Kind::Allocator => "allocator",
+        }
+    }
+}
+
+/// One cause of the difference.
+#[derive(Clone, Debug, Serialize)]
+pub struct Cause {
+    /// What kind of difference.
+    pub kind: Kind,
+    /// The allocation site (the program's innermost frames).
+    pub site: String,
+    /// The module path where known (the chain of `forward` methods), else the place.
+    pub module: String,
+    /// Category of the blocks.
+    pub category: String,
+    /// The step(s) the blocks were allocated in.
+    pub step: String,
+    /// The phase(s) the blocks were allocated in.
+    pub phase: String,
+    /// How much this cause moved the peak of allocated bytes, applied after the causes above
+    /// it; the effects of all causes add up to the change of the peak.
+    pub peak_effect_bytes: i64,
+    /// How much it would move the base run's peak alone.
+    pub alone_effect_bytes: i64,
+    /// Blocks of the base run in this cause.
+    pub blocks_base: u64,
+    /// Blocks of the new run in this cause.
+    pub blocks_new: u64,
+    /// Their bytes in the base run (each block counted once).
+    pub bytes_base: u64,
+    /// Their bytes in the new run.
+    pub bytes_new: u64,
+    /// The cause in words.
+    pub what: String,
+    /// For the allocator: how much it moved the reserved peak.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved_effect_bytes: Option<i64>,
+}
+
+/// One run's figures.
+#[derive(Clone, Debug, Serialize)]
+pub struct Side {
+    /// The file as given.
+    pub file: String,
+    /// Device ordinal.
+    pub device: u32,
+    /// Peak allocated bytes (`max_memory_allocated()`).
+    pub peak_allocated_bytes: u64,
+    /// Peak reserved bytes (`max_memory_reserved()`).
+    pub peak_reserved_bytes: u64,
+    /// Allocations recorded.
+    pub requests: usize,
+    /// The allocator settings, as `PYTORCH_CUDA_ALLOC_CONF` would say them.
+    pub alloc_conf: String,
+    /// Recorded time from the first event to the last, in microseconds.
+    pub duration_us: i64,
+}
+
+/// Sizes that changed by one ratio (a larger batch or sequence).
+#[derive(Clone, Debug, Serialize)]
+pub struct Scaling {
+    /// New size over base size, to two decimals.
+    pub ratio: f64,
+    /// Aligned requests whose size changed by that ratio (within 5%).
+    pub requests: u64,
+    /// Share of the bytes that changed size that changed by that ratio.
+    pub share: f64,
+}
+
+/// The change of the reserved peak, split where the settings differ.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Reserved {
+    /// Whether the allocator settings differ.
+    pub settings_differ: bool,
+    /// The new run's requests under the base run's settings, simulated: their reserved peak.
+    pub new_requests_base_settings_bytes: Option<u64>,
+    /// What the requests did to the reserved peak (simulated minus base).
+    pub requests_effect_bytes: Option<i64>,
+    /// What the settings did (new minus simulated).
+    pub settings_effect_bytes: Option<i64>,
+}
+
+/// Why the new run's memory differs from the base run's.
+#[derive(Clone, Debug, Serialize)]
+pub struct Diff {
+    /// The base run.
+    pub base: Side,
+    /// The new run.
+    pub new: Side,
+    /// New peak allocated minus base peak allocated.
+    pub peak_allocated_delta_bytes: i64,
+    /// New peak reserved minus base peak reserved.
+    pub peak_reserved_delta_bytes: i64,
+    /// `no change`, `allocator only` or `changed`.
+    pub verdict: String,
+    /// Requests aligned between the runs.
+    pub aligned_requests: usize,
+    /// Whether the alignment finished (a very different pair may settle for a coarser one).
+    pub alignment_complete: bool,
+    /// Whether each run's peak rebuilt on the shared timeline equals its replayed peak (it
+    /// always should; the effects add up to the change either way).
+    pub exact: bool,
+    /// Sizes that changed by one ratio, when most did.
+    pub scaling: Option<Scaling>,
+    /// The reserved peak's change, split.
+    pub reserved: Reserved,
+    /// What the difference looks like as a whole, in words (checkpointing switched on or
+    /// off, sizes scaled, settings changed).
+    pub notes: Vec<String>,
+    /// The causes, largest effect first.
+    pub causes: Vec<Cause>,
+}
+
+impl Diff {
+    /// Whether nothing the program asked for changed (the allocator may still differ).
+    pub fn same_requests(&self) -> bool {
+        self.causes.iter().all(|c| c.kind == Kind::Allocator)
+    }
+}
+
+/// Allocations a run made while activation checkpointing recomputed a forward.
+fn recomputed(a: &DeviceAnalysis) -> u64 {
+    let Some(stage) = a
+        .attribution
+        .names
+        .find(crate::attribute::generic::RECOMPUTE)
+    else {
+        return 0;
+    };
+    a.snap
+        .trace(a.device())
+        .iter()
+        .zip(&a.attribution.labels)
+        .filter(|(e, l)| e.action == crate::snapshot::Action::Alloc && l.stage == stage)
+        .count() as u64
+}
+
+/// Sizes too far apart to be one request grown or shrunk (a batch or a sequence four times
+/// longer makes sizes 16 times larger at most, through attention's square).
+fn implausible(a: u64, b: u64) -> bool {
+    const FAR: u64 = 16;
+    a.max(b) > a.min(b).saturating_mul(FAR)
+}
+
+/// The labels of one block.
+fn label_of<'a>(a: &'a DeviceAnalysis, b: &Block) -> (&'a Label, crate::snapshot::StackId) {
+    match b.origin {
+        Origin::Event(i) => (&a.attribution.labels[i], a.snap.trace(a.device())[i].stack),
+        Origin::BeforeTrace(k) => (
+            a.attribution
+                .preexisting
+                .get(k)
+                .unwrap_or(&Label::BEFORE_TRACE),
+            a.replay.preexisting[k].stack,
+        ),
+    }
+}
+
+/// Where a block's life ended, in words: `the optimizer (train step 1)`, `the end`.
+fn end_place(a: &DeviceAnalysis, keyer: &mut Keyer, b: &Block) -> String {
+    match b.freed_by {
+        None => "the end".to_string(),
+        Some(f) => {
+            let l = &a.attribution.labels[f];
+            let stack = a.snap.trace(a.device())[f].stack;
+            format!("{} ({})", l.phase.as_str(), step_of(keyer, l, stack))
+        }
+    }
+}
+
+/// One run's keys of a block: site, module, category, step, phase.
+#[derive(Clone)]
+struct Keys {
+    /// Where a changed life ended: base and new place, or [`SAME_PLACE`].
+    ends: String,
+    /// The block's own site where [`Keys::site`] holds its module instead.
+    place_site: String,
+    /// The line of the innermost frame, which [`Keys::site`] leaves out.
+    line: Option<String>,
+    site: String,
+    module: String,
+    category: String,
+    step: String,
+    phase: String,
+}
+
+/// The whole step of an event, without its phase: `train step 1`, `step 4`.
+fn step_of(keyer: &mut Keyer, l: &Label, stack: crate::snapshot::StackId) -> String {
+    let step = keyer.key(Dimension::Step, l, stack);
+    let step = keyer.whole_step(&step);
+    let phase = format!(" · {}", l.phase.as_str());
+    match step.strip_suffix(&phase) {
+        Some(s) => s.to_string(),
+        None => step,
+    }
+}
+
+/// A site without the line of its innermost frame, and that line: the allocations of one
+/// function make one cause, whichever of its lines asked.
+fn split_line(site: &str) -> (String, Option<String>) {
+    let last = site.rsplit(';').next().unwrap_or(site);
+    match last.rsplit_once(':') {
+        Some((_, line)) if !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit()) => (
+            site[..site.len() - line.len() - 1].to_string(),
+            Some(line.to_string()),
+        ),
+        _ => (site.to_string(), None),
+    }
+}
+
+impl Keys {
+    /// The keys of a block that only the allocator's rounding changed: one cause of all.
+    fn allocator() -> Keys {
+        Keys {
+            ends: String::new(),
+            place_site: String::new(),
+            line: None,
+            site: String::new(),
+            module: String::new(),
+            category: String::new(),
+            step: String::new(),
+            phase: String::new(),
+        }
+    }
+}
+
+/// Marks a cause's site slot that holds a module (life changes are grouped by module).
+const MODULE_KEY: &str = "\u{1d}";
+
+/// The outermost part of a module path down to its first numbered module (a layer of a
+/// stack: `forward[3]:322`), and the same with the number left out, so that every layer's
+/// blocks make one cause: (`…forward[3]:322`, `…forward[]:322`). A path without a numbered
+/// module is whole.
+fn module_root(module: &str) -> (String, String) {
+    let parts: Vec<&str> = module.split(crate::attribute::modules::SEPARATOR).collect();
+    let numbered = |p: &str| {
+        p.find('[').is_some_and(|at| {
+            let rest = &p[at + 1..];
+            let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+            digits > 0 && rest[digits..].starts_with(']')
+        })
+    };
+    let Some(k) = parts.iter().position(|p| numbered(p)) else {
+        return (module.to_string(), module.to_string());
+    };
+    let root = parts[..=k].join(crate::attribute::modules::SEPARATOR);
+    let at = parts[k].find('[').unwrap_or(0);
+    let close = parts[k][at..].find(']').map_or(at, |c| at + c);
+    // without the number and the line it was called from
+    let after = parts[k][close..].trim_end_matches(|c: char| c.is_ascii_digit());
+    let after = after.strip_suffix(':').unwrap_or(after);
+    let unnumbered = format!("{}[{}", &parts[k][..at], after);
+    let mut key: Vec<&str> = parts[..k].to_vec();
+    key.push(&unnumbered);
+    (root, key.join(crate::attribute::modules::SEPARATOR))
+}
+
+/// The keys of blocks by stack and label, each computed once.
+type KeyCache = HashMap<(crate::snapshot::StackId, Label), Keys>;
+
+fn keys(a: &DeviceAnalysis, keyer: &mut Keyer, cache: &mut KeyCache, b: &Block) -> Keys {
+    let (l, stack) = label_of(a, b);
+    if let Some(k) = cache.get(&(stack, *l)) {
+        return k.clone();
+    }
+    let k = keys_now(keyer, l, stack);
+    cache.insert((stack, *l), k.clone());
+    k
+}
+
+fn keys_now(keyer: &mut Keyer, l: &Label, stack: crate::snapshot::StackId) -> Keys {
+    let (site, line) = split_line(&keyer.key(Dimension::Site, l, stack));
+    Keys {
+        ends: String::new(),
+        place_site: String::new(),
+        line,
+        site,
+        module: keyer.key(Dimension::Stage, l, stack),
+        category: l.category.as_str().to_string(),
+        step: step_of(keyer, l, stack),
+        phase: l.phase.as_str().to_string(),
+    }
+}
+
+/// Modules listed for one cause.
+const MAX_MODULES: usize = 256;
+
+/// A cause while it is gathered.
+#[derive(Default)]
+struct Gathered {
+    spans: Vec<(Span, i64)>,
+    blocks: (u64, u64),
+    bytes: (u64, u64),
+    steps: Vec<String>,
+    phases: Vec<String>,
+    /// Where changed lives ended ([`Keys::ends`]), counted.
+    ends: HashMap<String, u64>,
+    /// For a cause grouped by module: its blocks' sites, with their bytes.
+    sites: Vec<(String, u64)>,
+    /// Lines of the innermost frame its blocks were allocated at (a few).
+    lines: Vec<String>,
+    /// The modules of its blocks (at most [`MAX_MODULES`]).
+    modules: Vec<String>,
+    /// Sites of allocations gone that this cause's new ones replace, with blocks and bytes.
+    replaces: Vec<(String, u64, u64)>,
+    /// New size over base size of size changes (hundredths), with the bytes that changed.
+    ratios: HashMap<u64, (u64, u64)>,
+}
+
+impl Gathered {
+    fn note(&mut self, k: &Keys, bytes: u64) {
+        if !k.place_site.is_empty() {
+            let full = self.sites.len() >= MAX_MODULES;
+            match self.sites.iter_mut().find(|(s, _)| *s == k.place_site) {
+                Some(entry) => entry.1 += bytes,
+                None if !full => self.sites.push((k.place_site.clone(), bytes)),
+                None => {}
+            }
+        }
+        if let Some(line) = &k.line {
+            if self.lines.len() < 8 && !self.lines.contains(line) {
+                self.lines.push(line.clone());
+            }
+        }
+        if self.modules.len() < MAX_MODULES && !self.modules.contains(&k.module) {
+            self.modules.push(k.module.clone());
+        }
+        if !self.steps.contains(&k.step) {
+            self.steps.push(k.step.clone());
+        }
+        if !self.phases.contains(&k.phase) {
+            self.phases.push(k.phase.clone());
+        }
+    }
+}
+
+/// A cause's key: kind, site, category, and for a changed life where it ended in each run.
+type Key = (Kind, String, String, String);
+
+/// Where a life ended in both runs, when it ended in the same phase and step of each (the
+/// blocks' frees only moved among their neighbours).
+const SAME_PLACE: &str = "the same place";
+
+/// The two runs' figures and causes. `base` and `new` are one device of each run.
+pub fn diff(base: &DeviceAnalysis, new: &DeviceAnalysis, files: (&str, &str)) -> Diff {
+    let aligned = align::align(base, new);
+    let mut kb = Keyer::new(base.snap, &base.attribution);
+    let mut kn = Keyer::new(new.snap, &new.attribution);
+    let sites = shared_sites(base, new, &aligned, &mut kb, &mut kn);
+    let (mut groups, mut order) = gather(base, new, &aligned, (&mut kb, &mut kn), &sites);
+    merge_replaced(&mut groups, &mut order);
+    let (causes, exact) = effects_on_the_peak(base, new, &aligned, &groups, &order);
+    let mut causes = causes;
+    let side = |a: &DeviceAnalysis, file: &str, requests: usize| Side {
+        file: file.to_string(),
+        device: a.device(),
+        peak_allocated_bytes: a.replay.peaks.allocated.bytes,
+        peak_reserved_bytes: a.replay.peaks.reserved.bytes,
+        requests,
+        alloc_conf: AllocConf::recorded(a.snap).to_string(),
+        duration_us: a.replay.time_span_us.1 - a.replay.time_span_us.0,
+    };
+    let (sb, sn) = (
+        side(base, files.0, aligned.requests.0),
+        side(new, files.1, aligned.requests.1),
+    );
+    let delta_reserved = sn.peak_reserved_bytes as i64 - sb.peak_reserved_bytes as i64;
+    let delta_allocated = sn.peak_allocated_bytes as i64 - sb.peak_allocated_bytes as i64;
+    let reserved = reserved_split(base, new);
+    let same_requests = causes.iter().all(|c| c.kind == Kind::Allocator);
+    if let Some(c) = allocator_cause(&reserved, &sb, &sn, same_requests, delta_reserved) {
+        // one allocator cause: the rounding's allocated bytes and the reserved bytes together
+        match causes.iter_mut().find(|x| x.kind == Kind::Allocator) {
+            Some(rounding) => {
+                rounding.reserved_effect_bytes = c.reserved_effect_bytes;
+                rounding.what = format!("{}; {}", c.what, rounding.what);
+            }
+            None => causes.push(c),
+        }
+    }
+    let verdict = if causes.is_empty() {
+        "no change"
+    } else if causes.iter().all(|c| c.kind == Kind::Allocator) {
+        "allocator only"
+    } else {
+        "changed"
+    };
+    let mut notes = Vec::new();
+    let (rb, rn) = (recomputed(base), recomputed(new));
+    if (rb == 0) != (rn == 0) {
+        let (on, off) = if rb > 0 {
+            ("base", "new")
+        } else {
+            ("new", "base")
+        };
+        notes.push(format!(
+            "Activation checkpointing is on in the {on} run ({} recomputed in backward) and off in the {off} run: {}.",
+            crate::units::counted(rb.max(rn), "allocation"),
+            if rb > 0 {
+                "activations the base run freed in forward now stay alive until backward"
+            } else {
+                "activations are freed in forward and recomputed in backward"
+            }
+        ));
+    }
+    Diff {
+        notes,
+        peak_allocated_delta_bytes: delta_allocated,
+        peak_reserved_delta_bytes: delta_reserved,
+        base: sb,
+        new: sn,
+        verdict: verdict.to_string(),
+        aligned_requests: aligned.aligned,
+        alignment_complete: aligned.complete,
+        exact,
+        scaling: scaling(&groups).filter(|_| {
+            // only where sizes made most of the change of the peak
+            let by_size: i64 = causes
+                .iter()
+                .filter(|c| c.kind == Kind::Size)
+                .map(|c| c.peak_effect_bytes)
+                .sum();
+            let delta = delta_allocated;
+            delta != 0 && by_size.signum() == delta.signum() && by_size.abs() * 2 >= delta.abs()
+        }),
+        reserved,
+        causes,
+    }
+}
+
+/// The call sites (without the innermost line) that allocate in both runs, of each run: there,
+/// a block of one run only is a changed count.
+fn shared_sites(
+    base: &DeviceAnalysis,
+    new: &DeviceAnalysis,
+    aligned: &align::Aligned,
+    kb: &mut Keyer,
+    kn: &mut Keyer,
+) -> (HashSet<String>, HashSet<String>) {
+    // (a site's text depends on the stack, and on the label only where the stack has no
+    // frames: each distinct pair is named once)
+    let mut stacks_b = HashMap::new();
+    let mut stacks_n = HashMap::new();
+    for p in &aligned.pairs {
+        if let Pairing::Both(b, n) = *p {
+            if implausible(aligned.base[b].span.bytes, aligned.new[n].span.bytes) {
+                continue;
+            }
+            let (lb, sb) = label_of(base, &aligned.base[b]);
+            let (ln, sn) = label_of(new, &aligned.new[n]);
+            stacks_b.entry((sb, without_frames(lb))).or_insert(lb);
+            stacks_n.entry((sn, without_frames(ln))).or_insert(ln);
+        }
+    }
+    let sites_b: HashSet<String> = stacks_b
+        .iter()
+        .map(|(&(stack, _), l)| split_line(&kb.key(Dimension::Site, l, stack)).0)
+        .collect();
+    let sites_n: HashSet<String> = stacks_n
+        .iter()
+        .map(|(&(stack, _), l)| split_line(&kn.key(Dimension::Site, l, stack)).0)
+        .collect();
+
+    (sites_b, sites_n)
+}
+
+/// Every difference of the aligned runs, grouped into causes (in the order first met).
+fn gather(
+    base: &DeviceAnalysis,
+    new: &DeviceAnalysis,
+    aligned: &align::Aligned,
+    keyers: (&mut Keyer, &mut Keyer),
+    sites: &(HashSet<String>, HashSet<String>),
+) -> (BTreeMap<Key, Gathered>, Vec<Key>) {
+    let (kb, kn) = keyers;
+    let (sites_b, sites_n) = sites;
+    // a pair whose sizes differ more than this many times is two requests the alignment
+    // matched by position (allocations without frames share one call site): one gone, one new
+    let pairs: Vec<Pairing> = aligned
+        .pairs
+        .iter()
+        .flat_map(|p| match *p {
+            Pairing::Both(b, n)
+                if implausible(aligned.base[b].span.bytes, aligned.new[n].span.bytes) =>
+            {
+                vec![Pairing::Base(b), Pairing::New(n)]
+            }
+            other => vec![other],
+        })
+        .collect();
+    let mut groups: BTreeMap<Key, Gathered> = BTreeMap::new();
+    let mut order: Vec<Key> = Vec::new();
+    let (mut cb, mut cn) = (KeyCache::default(), KeyCache::default());
+    for p in &pairs {
+        let (kind, keys) = match *p {
+            Pairing::Both(b, n) => {
+                let (x, y) = (&aligned.base[b], &aligned.new[n]);
+                if x.span.bytes == y.span.bytes && x.free_gap == y.free_gap {
+                    continue;
+                }
+                let kind = if matches!(x.origin, Origin::BeforeTrace(_)) {
+                    Kind::BeforeRecording
+                } else if x.requested == y.requested && x.free_gap == y.free_gap {
+                    // the same request, held as a block of another size: the allocator's
+                    // rounding (expandable segments round large blocks otherwise)
+                    Kind::Allocator
+                } else if x.requested != y.requested {
+                    Kind::Size
+                } else {
+                    Kind::Life
+                };
+                let mut k = keys(new, kn, &mut cn, y);
+                if kind == Kind::Allocator {
+                    k = Keys::allocator();
+                }
+                if x.free_gap != y.free_gap {
+                    let ends = (end_place(base, kb, x), end_place(new, kn, y));
+                    k.ends = if ends.0 == ends.1 {
+                        SAME_PLACE.to_string()
+                    } else {
+                        format!("{}\u{1f}{}", ends.0, ends.1)
+                    };
+                    if kind == Kind::Life && k.ends != SAME_PLACE {
+                        // blocks kept longer by one change (checkpointing off, a reference
+                        // kept) sit at many sites of one module: one cause per module
+                        k.module = module_root(&k.module).0;
+                        k.place_site = std::mem::replace(
+                            &mut k.site,
+                            format!("{MODULE_KEY}{}", module_root(&k.module).1),
+                        );
+                    }
+                }
+                (kind, k)
+            }
+            Pairing::Base(b) => {
+                let x = &aligned.base[b];
+                let k = keys(base, kb, &mut cb, x);
+                let kind = if matches!(x.origin, Origin::BeforeTrace(_)) {
+                    Kind::BeforeRecording
+                } else if sites_b.contains(&k.site) {
+                    Kind::Count
+                } else {
+                    Kind::Gone
+                };
+                (kind, k)
+            }
+            Pairing::New(n) => {
+                let y = &aligned.new[n];
+                let k = keys(new, kn, &mut cn, y);
+                let kind = if matches!(y.origin, Origin::BeforeTrace(_)) {
+                    Kind::BeforeRecording
+                } else if sites_n.contains(&k.site) {
+                    Kind::Count
+                } else {
+                    Kind::New
+                };
+                (kind, k)
+            }
+        };
+        let key = (
+            kind,
+            keys.site.clone(),
+            keys.category.clone(),
+            keys.ends.clone(),
+        );
+        let g = groups.entry(key.clone()).or_insert_with(|| {
+            order.push(key);
+            Gathered::default()
+        });
+        let bytes = match *p {
+            Pairing::Both(_, n) => aligned.new[n].span.bytes,
+            Pairing::Base(b) => aligned.base[b].span.bytes,
+            Pairing::New(n) => aligned.new[n].span.bytes,
+        };
+        g.note(&keys, bytes);
+        match *p {
+            Pairing::Both(b, n) => {
+                let (x, y) = (&aligned.base[b], &aligned.new[n]);
+                g.spans.push((x.span, -1));
+                g.spans.push((y.span, 1));
+                g.blocks.0 += 1;
+                g.blocks.1 += 1;
+                g.bytes.0 += x.span.bytes;
+                g.bytes.1 += y.span.bytes;
+                if x.requested != y.requested && x.span.bytes > 0 {
+                    let ratio = (y.span.bytes as u128 * 100 / x.span.bytes as u128) as u64;
+                    let e = g.ratios.entry(ratio).or_default();
+                    e.0 += 1;
+                    e.1 += x.span.bytes.abs_diff(y.span.bytes);
+                }
+                if x.free_gap != y.free_gap {
+                    *g.ends.entry(keys.ends.clone()).or_default() += 1;
+                }
+            }
+            Pairing::Base(b) => {
+                let x = &aligned.base[b];
+                g.spans.push((x.span, -1));
+                g.blocks.0 += 1;
+                g.bytes.0 += x.span.bytes;
+            }
+            Pairing::New(n) => {
+                let y = &aligned.new[n];
+                g.spans.push((y.span, 1));
+                g.blocks.1 += 1;
+                g.bytes.1 += y.span.bytes;
+            }
+        }
+    }
+
+    (groups, order)
+}
+
+/// Each cause's effect on the peak: applied alone to the base run, then one after the other
+/// (largest alone first), so that the effects add up to the change of the peak. Also whether
+/// both runs' peaks rebuilt on the shared timeline are their replayed peaks.
+fn effects_on_the_peak(
+    base: &DeviceAnalysis,
+    new: &DeviceAnalysis,
+    aligned: &align::Aligned,
+    groups: &BTreeMap<Key, Gathered>,
+    order: &[Key],
+) -> (Vec<Cause>, bool) {
+    // the shared timeline: each run's peak rebuilt from its spans
+    let n = aligned.positions;
+    let base_values = effects::values(aligned.base.iter().map(|b| b.span), n);
+    let base_peak = base_values.iter().copied().max().unwrap_or(0).max(0);
+    let new_peak = effects::values(aligned.new.iter().map(|b| b.span), n)
+        .into_iter()
+        .max()
+        .unwrap_or(0)
+        .max(0);
+    let exact = base_peak as u64 == base.replay.peaks.allocated.bytes
+        && new_peak as u64 == new.replay.peaks.allocated.bytes;
+    let mut curve = Curve::new(&base_values, n);
+    let alone: Vec<i64> = order
+        .iter()
+        .map(|key| {
+            let g = &groups[key];
+            let before = curve.max();
+            g.spans.iter().for_each(|(s, sign)| curve.apply(s, *sign));
+            let after = curve.max();
+            g.spans.iter().for_each(|(s, sign)| curve.apply(s, -sign));
+            after - before
+        })
+        .collect();
+    let mut by_alone: Vec<usize> = (0..order.len()).collect();
+    by_alone.sort_by_key(|&k| {
+        let g = &groups[&order[k]];
+        (
+            std::cmp::Reverse(alone[k].abs()),
+            std::cmp::Reverse(g.bytes.0.abs_diff(g.bytes.1)),
+            k,
+        )
+    });
+    let mut causes = Vec::with_capacity(order.len());
+    for k in by_alone {
+        let key = &order[k];
+        let g = &groups[key];
+        let before = curve.max();
+        g.spans.iter().for_each(|(s, sign)| curve.apply(s, *sign));
+        let effect = curve.max() - before;
+        causes.push(cause(key, g, effect, alone[k]));
+    }
+    causes.sort_by_key(|c| {
+        (
+            std::cmp::Reverse(c.peak_effect_bytes.abs()),
+            std::cmp::Reverse(c.alone_effect_bytes.abs()),
+            std::cmp::Reverse(c.bytes_base.abs_diff(c.bytes_new)),
+        )
+    });
+
+    (causes, exact)
+}
+
+/// The caller of a site: all its frames but the innermost.
+fn caller(site: &str) -> Option<&str> {
+    site.rsplit_once(';').map(|(c, _)| c)
+}
+
+/// Allocations gone at one site and new at another called from the same place, in the same
+/// category: one function replaced by another. The gone ones join the new ones' cause.
+fn merge_replaced(groups: &mut BTreeMap<Key, Gathered>, order: &mut Vec<Key>) {
+    let news: Vec<Key> = order
+        .iter()
+        .filter(|k| k.0 == Kind::New && caller(&k.1).is_some())
+        .cloned()
+        .collect();
+    let gone: Vec<Key> = order
+        .iter()
+        .filter(|k| k.0 == Kind::Gone)
+        .cloned()
+        .collect();
+    let mut merged = std::collections::HashSet::new();
+    for g in gone {
+        let Some(c) = caller(&g.1) else { continue };
+        let Some(into) = news
+            .iter()
+            .filter(|n| caller(&n.1) == Some(c) && n.2 == g.2)
+            .max_by_key(|n| groups.get(*n).map_or(0, |x| x.bytes.1))
+        else {
+            continue;
+        };
+        let Some(from) = groups.remove(&g) else {
+            continue;
+        };
+        let target = groups.get_mut(into).expect("a new cause listed in order");
+        target.spans.extend(from.spans);
+        target.blocks.0 += from.blocks.0;
+        target.bytes.0 += from.bytes.0;
+        target
+            .replaces
+            .push((g.1.clone(), from.blocks.0, from.bytes.0));
+        merged.insert(g);
+    }
+    order.retain(|k| !merged.contains(k));
+}
+
+/// The modules of a cause as one text: the one module, or the first and last where they
+/// differ only in numbers (`…layers[0…7] › Attention`), else the first and how many.
+fn modules_text(modules: &[String]) -> String {
+    match modules {
+        [] => String::new(),
+        [one] => one.clone(),
+        [first, ..] => {
+            // split into runs of digits and runs of the rest
+            fn parts(s: &str) -> Vec<(bool, &str)> {
+                let mut out = Vec::new();
+                let mut start = 0;
+                let mut digit = None;
+                for (i, c) in s.char_indices() {
+                    let d = c.is_ascii_digit();
+                    if digit.is_some_and(|x| x != d) {
+                        out.push((digit.unwrap_or(false), &s[start..i]));
+                        start = i;
+                    }
+                    digit = Some(d);
+                }
+                if start < s.len() {
+                    out.push((digit.unwrap_or(false), &s[start..]));
+                }
+                out
+            }
+            let all: Vec<Vec<(bool, &str)>> = modules.iter().map(|m| parts(m)).collect();
+            fn shape<'a>(p: &[(bool, &'a str)]) -> Vec<Option<&'a str>> {
+                p.iter()
+                    .map(|(d, t)| if *d { None } else { Some(*t) })
+                    .collect()
+            }
+            let same_shape = all.iter().all(|p| shape(p) == shape(&all[0]));
+            if !same_shape {
+                return format!("{first} (and {} other modules)", modules.len() - 1);
+            }
+            let mut out = String::new();
+            for (k, (digit, text)) in all[0].iter().enumerate() {
+                if !digit {
+                    out.push_str(text);
+                    continue;
+                }
+                let values: Vec<u64> = all.iter().filter_map(|p| p[k].1.parse().ok()).collect();
+                let (lo, hi) = (values.iter().min(), values.iter().max());
+                match (lo, hi) {
+                    (Some(lo), Some(hi)) if lo != hi => out.push_str(&format!("{lo}…{hi}")),
+                    _ => out.push_str(text),
+                }
+            }
+            out
+        }
+    }
+}
+
+/// A life's new end in words: `now alive until backward (train step 1)`.
+fn until(place: &str) -> String {
+    if place == "the end" {
+        "now alive to the end".to_string()
+    } else {
+        format!("now alive until {place}")
+    }
+}
+
+/// Several items in order: `a`, `a, b`, `a … c` (first and last of more).
+fn span_text(items: &[String]) -> String {
+    // `train step 0 … 2`: the last keeps only its number where the prefix is the same
+    fn number(s: &str) -> Option<(&str, &str)> {
+        let digits = s.len() - s.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        (digits > 0).then(|| s.split_at(s.len() - digits))
+    }
+    let last_short = |first: &str, last: &str| match (number(first), number(last)) {
+        (Some((p, _)), Some((q, n))) if p == q => n.to_string(),
+        _ => last.to_string(),
+    };
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [a, b] => format!("{a}, {}", last_short(a, b)),
+        [first, .., last] => format!("{first} … {}", last_short(first, last)),
+    }
+}
+
+fn cause(key: &Key, g: &Gathered, effect: i64, alone: i64) -> Cause {
+    let (kind, site, category, ends) = key.clone();
+    let module = modules_text(&g.modules);
+    let site = if let Some(module_key) = site.strip_prefix(MODULE_KEY) {
+        let _ = module_key;
+        let mut sites = g.sites.clone();
+        sites.sort_by_key(|(s, b)| (std::cmp::Reverse(*b), s.clone()));
+        match sites.len() {
+            0 => String::new(),
+            1 => sites[0].0.clone(),
+            n => format!("{} (and {} more sites)", sites[0].0, n - 1),
+        }
+    } else if g.lines.is_empty() {
+        site
+    } else {
+        let mut lines = g.lines.clone();
+        lines.sort_by_key(|l| l.parse::<u64>().unwrap_or(u64::MAX));
+        format!("{site}:{}", lines.join(","))
+    };
+    let count = |n: u64| crate::units::counted(n, "block");
+    let bytes = crate::units::bytes;
+    let what = match kind {
+        Kind::New if !g.replaces.is_empty() => {
+            let (site, n, b) = &g.replaces[0];
+            let others = if g.replaces.len() > 1 {
+                format!(" and {} more sites", g.replaces.len() - 1)
+            } else {
+                String::new()
+            };
+            format!(
+                "{} only in the new run, {}, in place of {} of {} at {}{others}",
+                count(g.blocks.1),
+                bytes(g.bytes.1),
+                count(*n),
+                bytes(*b),
+                site.rsplit(';').next().unwrap_or(site)
+            )
+        }
+        Kind::New => format!(
+            "{} only in the new run, {}",
+            count(g.blocks.1),
+            bytes(g.bytes.1)
+        ),
+        Kind::Gone => format!(
+            "{} only in the base run, {}",
+            count(g.blocks.0),
+            bytes(g.bytes.0)
+        ),
+        Kind::Count => format!(
+            "{} allocations here: {} → {} ({} → {})",
+            if g.blocks.1 >= g.blocks.0 {
+                "more"
+            } else {
+                "fewer"
+            },
+            g.blocks.0,
+            g.blocks.1,
+            bytes(g.bytes.0),
+            bytes(g.bytes.1)
+        ),
+        Kind::Size => {
+            let mut s = format!(
+                "{} of {} → {}",
+                count(g.blocks.1),
+                bytes(g.bytes.0),
+                bytes(g.bytes.1)
+            );
+            if let Some((&r, _)) = g.ratios.iter().max_by_key(|(r, (n, _))| (*n, **r)) {
+                s.push_str(&format!(" (×{:.2})", r as f64 / 100.0));
+            }
+            if let Some((from, to)) = ends.split_once('\u{1f}') {
+                s.push_str(&format!("; freed in {from}, {}", until(to)));
+            }
+            s
+        }
+        Kind::Life => match ends.split_once('\u{1f}') {
+            Some((from, to)) => format!(
+                "{} of {}: freed in {from}, {}",
+                count(g.blocks.1),
+                bytes(g.bytes.1),
+                until(to)
+            ),
+            None => format!(
+                "{} of {}: freed a little earlier or later, in the same phase and step",
+                count(g.blocks.1),
+                bytes(g.bytes.1)
+            ),
+        },
+        Kind::BeforeRecording => format!(
+            "alive when recording started: {} ({}) → {} ({})",
+            count(g.blocks.0),
+            bytes(g.bytes.0),
+            count(g.blocks.1),
+            bytes(g.bytes.1)
+        ),
+        Kind::Allocator => format!(
+            "the same requests served by blocks of other sizes: {} of {} → {} (the allocator's rounding or choice of cached block)",
+            count(g.blocks.1),
+            bytes(g.bytes.0),
+            bytes(g.bytes.1)
+        ),
+    };
+    Cause {
+        kind,
+        site,
+        module,
+        category,
+        step: span_text(&g.steps),
+        phase: g.phases.join(", "),
+        peak_effect_bytes: effect,
+        alone_effect_bytes: alone,
+        blocks_base: g.blocks.0,
+        blocks_new: g.blocks.1,
+        bytes_base: g.bytes.0,
+        bytes_new: g.bytes.1,
+        what,
+        reserved_effect_bytes: None,
+    }
+}
+
+/// The ratio most size changes share, when they are most of the bytes that changed size.
+fn scaling(groups: &BTreeMap<Key, Gathered>) -> Option<Scaling> {
+    let mut by_ratio: HashMap<u64, (u64, u64)> = HashMap::new();
+    for g in groups.values() {
+        for (&r, &(n, b)) in &g.ratios {
+            let e = by_ratio.entry(r).or_default();
+            e.0 += n;
+            e.1 += b;
+        }
+    }
+    // the most common ratio of the requests, and ratios within 5% of it (block sizes are
+    // rounded, and a convolution's workspace may grow a little otherwise); its share is of the
+    // bytes that changed size, so that many small requests of another ratio do not hide it
+    let (&ratio, _) = by_ratio.iter().max_by_key(|(r, (n, _))| (*n, **r))?;
+    let near = |r: u64| r.abs_diff(ratio) * 100 <= 5 * ratio;
+    let total: u64 = by_ratio.values().map(|v| v.1).sum();
+    let (requests, bytes) = by_ratio
+        .iter()
+        .filter(|(r, _)| near(**r))
+        .fold((0, 0), |(n, b), (_, v)| (n + v.0, b + v.1));
+    let share = bytes as f64 / total.max(1) as f64;
+    (requests >= 3 && share >= 0.5).then_some(Scaling {
+        ratio: ratio as f64 / 100.0,
+        requests,
+        share,
+    })
+}
+
+/// The reserved peak's change split into requests and settings, where the settings differ.
+fn reserved_split(base: &DeviceAnalysis, new: &DeviceAnalysis) -> Reserved {
+    let (cb, cn) = (
+        AllocConf::recorded(base.snap),
+        AllocConf::recorded(new.snap),
+    );
+    let effective = |c: &AllocConf| AllocConf {
+        text: String::new(),
+        ..c.clone()
+    };
+    if effective(&cb) == effective(&cn) {
+        return Reserved::default();
+    }
+    let mut out = Reserved {
+        settings_differ: true,
+        ..Reserved::default()
+    };
+    let async_backend =
+        |a: &DeviceAnalysis| a.snap.settings.as_ref().is_some_and(|s| s.async_backend());
+    if new.replay.is_empty() || async_backend(base) || async_backend(new) {
+        return out;
+    }
+    let program = Program::new(new.snap, &new.replay);
+    let options = simulate::Options {
+        conf: cb,
+        ..simulate::Options::default()
+    };
+    let outcome = simulate::simulate(new.snap, &new.replay, &program, &cn, &options);
+    let mid = outcome.peak_reserved_bytes;
+    out.new_requests_base_settings_bytes = Some(mid);
+    out.requests_effect_bytes = Some(mid as i64 - base.replay.peaks.reserved.bytes as i64);
+    out.settings_effect_bytes = Some(new.replay.peaks.reserved.bytes as i64 - mid as i64);
+    out
+}
+
+/// The allocator's own cause: the settings' part of the reserved change, or, with the same
+/// requests and settings, all of it.
+fn allocator_cause(
+    reserved: &Reserved,
+    base: &Side,
+    new: &Side,
+    same_requests: bool,
+    delta_reserved: i64,
+) -> Option<Cause> {
+    let (effect, what) = if reserved.settings_differ {
+        let conf = |c: &str| {
+            if c.is_empty() {
+                "the defaults".to_string()
+            } else {
+                c.to_string()
+            }
+        };
+        (
+            reserved.settings_effect_bytes,
+            format!(
+                "allocator settings: {} (base: {})",
+                conf(&new.alloc_conf),
+                conf(&base.alloc_conf)
+            ),
+        )
+    } else if same_requests && delta_reserved != 0 {
+        (
+            Some(delta_reserved),
+            "the same requests and settings: the allocator placed blocks differently".to_string(),
+        )
+    } else {
+        return None;
+    };
+    Some(Cause {
+        kind: Kind::Allocator,
+        site: String::new(),
+        module: String::new(),
+        category: String::new(),
+        step: String::new(),
+        phase: String::new(),
+        peak_effect_bytes: 0,
+        alone_effect_bytes: 0,
+        blocks_base: 0,
+        blocks_new: 0,
+        bytes_base: 0,
+        bytes_new: 0,
+        what,
+        reserved_effect_bytes: effect,
+    })
+}

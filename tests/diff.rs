@@ -1,0 +1,386 @@
+//! `memsnap diff`: the change of each peak against what the programs printed, causes whose
+//! effects add up to it exactly, no change for a run against itself, budgets, Markdown and
+//! folders of ranks.
+
+use serde_json::Value;
+
+use crate::util::*;
+
+/// `max_memory_allocated=` and `max_memory_reserved=` of the first `PEAK` line of a log (of
+/// `[rank=R]` when given).
+fn printed_peaks(log: &str, rank: Option<u32>) -> (i64, i64) {
+    let text = std::fs::read_to_string(testdata(log)).expect("the log is bundled");
+    let line = text
+        .split(['\n', '['])
+        .find(|l| {
+            l.contains("PEAK ")
+                && l.contains("max_memory_allocated=")
+                && rank.is_none_or(|r| l.starts_with(&format!("rank={r}]")))
+        })
+        .unwrap_or_else(|| panic!("{log} has a PEAK line"));
+    let field = |name: &str| -> i64 {
+        let at = line.find(name).expect("the field") + name.len();
+        line[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("a number")
+    };
+    (
+        field("max_memory_allocated="),
+        field("max_memory_reserved="),
+    )
+}
+
+/// `memsnap diff BASE NEW --json EXTRA...`: its one object.
+fn diff(base: &str, new: &str, extra: &[&str]) -> Value {
+    let (b, n) = (testdata(base), testdata(new));
+    let (b, n) = (b.to_string_lossy(), n.to_string_lossy());
+    let mut args = vec!["diff", b.as_ref(), n.as_ref()];
+    args.extend_from_slice(extra);
+    json(&args)
+}
+
+/// The effects of the causes add up to the change of the peak, which is the printed change,
+/// and both runs' peaks rebuilt on the shared timeline are their replayed ones.
+fn check_adds_up(d: &Value, printed: (i64, i64), printed_new: (i64, i64)) {
+    let delta = d["peak_allocated_delta_bytes"].as_i64().unwrap();
+    assert_eq!(
+        delta,
+        printed_new.0 - printed.0,
+        "the printed change of the peak"
+    );
+    assert_eq!(
+        d["peak_reserved_delta_bytes"].as_i64().unwrap(),
+        printed_new.1 - printed.1,
+        "the printed change of the reserved peak"
+    );
+    let sum: i64 = d["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["peak_effect_bytes"].as_i64().unwrap())
+        .sum();
+    assert_eq!(sum, delta, "the effects add up to the change");
+    assert_eq!(d["exact"], true);
+    for c in d["causes"].as_array().unwrap() {
+        for key in ["kind", "site", "module", "category", "step", "phase"] {
+            assert!(c[key].is_string(), "{key} in {c}");
+        }
+    }
+}
+
+const CNN: &str = "snapshots/sweeps/cnn";
+const SWEEPS: &str = "snapshots/sweeps";
+
+#[test]
+fn a_run_against_itself_is_no_change() {
+    for f in [
+        "snapshots/single-gpu/memory_snapshot_rank0_step1.pickle.xz",
+        "snapshots/sweeps/cnn/memory_snapshot_cnn_32.pickle.xz",
+        "snapshots/pipelines/pp4n8/memory_snapshot_rank0_pp4n8_step0.pickle.xz",
+    ] {
+        let d = diff(f, f, &[]);
+        assert_eq!(d["verdict"], "no change", "{f}");
+        assert_eq!(d["causes"].as_array().unwrap().len(), 0);
+        assert_eq!(d["peak_allocated_delta_bytes"], 0);
+        assert_eq!(d["peak_reserved_delta_bytes"], 0);
+        let p = testdata(f);
+        let p = p.to_string_lossy();
+        let text = ok(&["diff", &p, &p, "--max-increase", "0%"]);
+        assert!(text.contains("No change"), "{text}");
+    }
+}
+
+#[test]
+fn effects_add_up_to_the_printed_change() {
+    let pairs = [
+        (
+            "cnn/memory_snapshot_cnn_16",
+            "cnn/cnn_16.log",
+            "cnn/memory_snapshot_cnn_32",
+            "cnn/cnn_32.log",
+        ),
+        (
+            "cnn/memory_snapshot_cnn_64",
+            "cnn/cnn_64.log",
+            "cnn/memory_snapshot_cnn_32",
+            "cnn/cnn_32.log",
+        ),
+        (
+            "sdpa/memory_snapshot_sdpa_1024",
+            "sdpa/sdpa_1024.log",
+            "eager/memory_snapshot_eager_1024",
+            "eager/eager_1024.log",
+        ),
+        (
+            "sdpa/memory_snapshot_sdpa_256",
+            "sdpa/sdpa_256.log",
+            "sdpa/memory_snapshot_sdpa_512",
+            "sdpa/sdpa_512.log",
+        ),
+    ];
+    for (b, bl, n, nl) in pairs {
+        let d = diff(
+            &format!("{SWEEPS}/{b}.pickle.xz"),
+            &format!("{SWEEPS}/{n}.pickle.xz"),
+            &[],
+        );
+        let (pb, pn) = (
+            printed_peaks(&format!("{SWEEPS}/{bl}"), None),
+            printed_peaks(&format!("{SWEEPS}/{nl}"), None),
+        );
+        check_adds_up(&d, pb, pn);
+        assert_eq!(d["verdict"], "changed");
+    }
+}
+
+#[test]
+fn pipelines_of_more_micro_batches_rank_by_rank() {
+    // two folders of ranks, matched by rank: one JSON object per rank
+    let (b, n) = (
+        testdata("snapshots/pipelines/pp4n8"),
+        testdata("snapshots/pipelines/pp4n12"),
+    );
+    let out = ok(&["diff", &b.to_string_lossy(), &n.to_string_lossy(), "--json"]);
+    let diffs: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(diffs.len(), 4);
+    for (r, d) in diffs.iter().enumerate() {
+        assert_eq!(d["rank"], format!("rank {r}"));
+        let sum: i64 = d["causes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["peak_effect_bytes"].as_i64().unwrap())
+            .sum();
+        assert_eq!(sum, d["peak_allocated_delta_bytes"].as_i64().unwrap());
+        assert_eq!(d["exact"], true);
+        // more micro-batches: more allocations at the same sites
+        assert!(d["causes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["kind"] == "count" && c["blocks_new"].as_u64() > c["blocks_base"].as_u64()));
+    }
+    let text = ok(&["diff", &b.to_string_lossy(), &n.to_string_lossy()]);
+    assert!(
+        text.contains("rank 3") && text.contains("── rank 0 ──"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_larger_batch_is_said_to_scale_sizes() {
+    let d = diff(
+        &format!("{CNN}/memory_snapshot_cnn_32.pickle.xz"),
+        &format!("{CNN}/memory_snapshot_cnn_64.pickle.xz"),
+        &[],
+    );
+    assert_eq!(d["scaling"]["ratio"], 2.0, "{}", d["scaling"]);
+    let top = &d["causes"][0];
+    assert_eq!(top["kind"], "size");
+    assert_eq!(top["category"], "activation");
+}
+
+#[test]
+fn eager_attention_is_the_largest_cause() {
+    let d = diff(
+        &format!("{SWEEPS}/sdpa/memory_snapshot_sdpa_1024.pickle.xz"),
+        &format!("{SWEEPS}/eager/memory_snapshot_eager_1024.pickle.xz"),
+        &[],
+    );
+    let top = &d["causes"][0];
+    assert_eq!(top["kind"], "new", "{top}");
+    assert!(
+        top["site"]
+            .as_str()
+            .unwrap()
+            .contains("eager_attention_forward"),
+        "{top}"
+    );
+    assert!(
+        top["what"].as_str().unwrap().contains("in place of"),
+        "the sdpa allocations it replaced are part of it: {top}"
+    );
+    assert!(d["scaling"].is_null(), "no batch change: {}", d["scaling"]);
+}
+
+#[test]
+fn budgets_fail_the_job_with_one_line() {
+    let b = testdata(&format!("{CNN}/memory_snapshot_cnn_32.pickle.xz"));
+    let n = testdata(&format!("{CNN}/memory_snapshot_cnn_64.pickle.xz"));
+    let (b, n) = (b.to_string_lossy(), n.to_string_lossy());
+    let run = |extra: &[&str]| {
+        let mut args = vec!["diff", b.as_ref(), n.as_ref(), "--quiet"];
+        args.extend_from_slice(extra);
+        memsnap(&args)
+    };
+    // +90.2%: over 5%, within 100%
+    let o = run(&["--max-increase", "5%"]);
+    one_line_failure(&o, 1, "budget broken: peak allocated grew by");
+    assert!(stderr(&o).contains("--max-increase 5%"));
+    assert!(
+        stdout(&o).contains("Why the peak changed"),
+        "the causes still print"
+    );
+    assert!(run(&["--max-increase", "100%"]).status.success());
+    one_line_failure(&run(&["--max-peak", "5GiB"]), 1, "over --max-peak 5.00 GiB");
+    assert!(run(&["--max-peak", "6GiB"]).status.success());
+    one_line_failure(
+        &run(&["--max-reserved-increase", "1GiB"]),
+        1,
+        "peak reserved grew by",
+    );
+    // a budget file beside the test; the command line wins over it
+    let dir = scratch();
+    let budget = write(&dir, "memory-budget.json", br#"{"max_increase": "10%"}"#);
+    one_line_failure(&run(&["--budget", &budget]), 1, "--max-increase 10%");
+    assert!(run(&["--budget", &budget, "--max-increase", "95%"])
+        .status
+        .success());
+    // usage errors: exit 2
+    let o = run(&["--max-increase", "lots"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let bad = write(&dir, "bad.json", br#"{"max_peek": "1GiB"}"#);
+    one_line_failure(&run(&["--budget", &bad]), 2, "unknown limit \"max_peek\"");
+}
+
+#[test]
+fn markdown_for_a_pull_request_with_both_timelines() {
+    let b = testdata(&format!("{CNN}/memory_snapshot_cnn_32.pickle.xz"));
+    let n = testdata(&format!("{CNN}/memory_snapshot_cnn_64.pickle.xz"));
+    let dir = scratch();
+    let png = dir.path().join("diff.png");
+    let md = ok(&[
+        "diff",
+        &b.to_string_lossy(),
+        &n.to_string_lossy(),
+        "--markdown",
+        "--png",
+        &png.to_string_lossy(),
+        "--top",
+        "3",
+    ]);
+    assert!(md.starts_with("### memsnap diff: changed"), "{md}");
+    assert!(md.contains("![base and new, one y axis]("), "{md}");
+    assert!(md.contains(" effect | kind | what"), "{md}");
+    // three causes and the row of the rest
+    let rows = md
+        .lines()
+        .filter(|l| l.starts_with("| +") || l.starts_with("| -"))
+        .count();
+    assert_eq!(rows, 4, "{md}");
+    let bytes = std::fs::read(&png).expect("the chart was written");
+    assert!(bytes.starts_with(b"\x89PNG"));
+}
+
+#[test]
+fn files_and_folders_do_not_mix() {
+    let f = testdata(&format!("{CNN}/memory_snapshot_cnn_32.pickle.xz"));
+    let dir = testdata(CNN);
+    let o = memsnap(&["diff", &f.to_string_lossy(), &dir.to_string_lossy()]);
+    one_line_failure(&o, 2, "give two files or two folders");
+}
+
+/// `max_memory_allocated` and `max_memory_reserved` of one run of the allocator workload, as
+/// `results.jsonl` holds them.
+fn allocator_run(name: &str) -> (i64, i64) {
+    let text = std::fs::read_to_string(testdata("snapshots/allocator/results.jsonl")).unwrap();
+    let run: Value = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|r| r["name"] == name)
+        .expect("the run is listed");
+    (
+        run["max_memory_allocated"].as_i64().unwrap(),
+        run["max_memory_reserved"].as_i64().unwrap(),
+    )
+}
+
+#[test]
+fn expandable_segments_are_the_allocator_alone() {
+    // the same workload, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the new run
+    let d = diff(
+        "snapshots/allocator/default.pickle.xz",
+        "snapshots/allocator/expandable.pickle.xz",
+        &[],
+    );
+    check_adds_up(&d, allocator_run("default"), allocator_run("expandable"));
+    assert_eq!(d["verdict"], "allocator only");
+    let causes = d["causes"].as_array().unwrap();
+    assert_eq!(causes.len(), 1, "{causes:?}");
+    assert_eq!(causes[0]["kind"], "allocator");
+    assert!(causes[0]["what"]
+        .as_str()
+        .unwrap()
+        .contains("expandable_segments:True"));
+    // the settings' part and the requests' part of the reserved change add up to it
+    let r = &d["reserved"];
+    assert_eq!(r["settings_differ"], true);
+    assert_eq!(
+        r["settings_effect_bytes"].as_i64().unwrap() + r["requests_effect_bytes"].as_i64().unwrap(),
+        d["peak_reserved_delta_bytes"].as_i64().unwrap()
+    );
+    assert_eq!(r["requests_effect_bytes"], 0, "the same requests");
+}
+
+#[test]
+fn the_same_program_twice_is_no_change() {
+    // the workload again, under a cap above its reserved peak: nothing it did differs
+    let d = diff(
+        "snapshots/allocator/default.pickle.xz",
+        "snapshots/allocator/cap_reserved.pickle.xz",
+        &[],
+    );
+    check_adds_up(&d, allocator_run("default"), allocator_run("cap_reserved"));
+    assert_eq!(d["verdict"], "no change");
+    let (b, n) = (
+        testdata("snapshots/allocator/default.pickle.xz"),
+        testdata("snapshots/allocator/cap_reserved.pickle.xz"),
+    );
+    let o = memsnap(&[
+        "diff",
+        &b.to_string_lossy(),
+        &n.to_string_lossy(),
+        "--max-increase",
+        "0%",
+        "--max-reserved-increase",
+        "0%",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("No change"));
+}
+
+#[test]
+fn checkpointing_switched_off_is_named() {
+    // a transformers Llama with gradient checkpointing (base) and without (new)
+    let t = "snapshots/transformers";
+    let d = diff(
+        &format!("{t}/memory_snapshot_llama_ckpt_rank0.pickle.xz"),
+        &format!("{t}/memory_snapshot_llama_rank0.pickle.xz"),
+        &[],
+    );
+    check_adds_up(
+        &d,
+        printed_peaks(&format!("{t}/llama_ckpt.log"), None),
+        printed_peaks(&format!("{t}/llama.log"), None),
+    );
+    let notes = d["notes"].to_string();
+    assert!(
+        notes.contains("Activation checkpointing is on in the base run"),
+        "{notes}"
+    );
+    let top = &d["causes"][0];
+    assert_eq!(top["kind"], "life", "{top}");
+    assert_eq!(top["category"], "activation");
+    let what = top["what"].as_str().unwrap();
+    assert!(
+        what.contains("freed in forward") && what.contains("now alive until backward"),
+        "{what}"
+    );
+    // every decoder layer's blocks in one cause
+    assert!(top["module"].as_str().unwrap().contains("[0…3]"), "{top}");
+}
