@@ -301,10 +301,14 @@ fn fleet(args: &ViewArgs, files: &[PathBuf]) -> Result<(), Failure> {
             Err(e) => tally.complain(&e),
         }
     }
-    let title = args
-        .title
-        .clone()
-        .unwrap_or_else(|| format!("memsnap · {} summaries", summaries.len()));
+    let title = args.title.clone().unwrap_or_else(|| {
+        let ranks: usize = summaries
+            .iter()
+            .flat_map(|s| &s.reports)
+            .map(|r| r.devices.len())
+            .sum();
+        format!("memsnap · {ranks} ranks")
+    });
     let mut pending = super::create_output(&out, naming)?;
     let written = {
         let mut w = std::io::BufWriter::new(pending.file());

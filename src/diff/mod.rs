@@ -297,9 +297,9 @@ impl Keys {
 const MODULE_KEY: &str = "\u{1d}";
 
 /// The outermost part of a module path down to its first numbered module (a layer of a
-/// stack: `forward[3]:322`), and the same with the number left out, so that every layer's
-/// blocks make one cause: (`…forward[3]:322`, `…forward[]:322`). A path without a numbered
-/// module is whole.
+/// stack: `forward[3]:322`), and that module alone with its number and calling line left out,
+/// so that every layer's blocks make one cause: (`…forward[3]:322`, `forward[]`). A path
+/// without a numbered module is whole.
 fn module_root(module: &str) -> (String, String) {
     let parts: Vec<&str> = module.split(crate::attribute::modules::SEPARATOR).collect();
     let numbered = |p: &str| {
@@ -319,9 +319,9 @@ fn module_root(module: &str) -> (String, String) {
     let after = parts[k][close..].trim_end_matches(|c: char| c.is_ascii_digit());
     let after = after.strip_suffix(':').unwrap_or(after);
     let unnumbered = format!("{}[{}", &parts[k][..at], after);
-    let mut key: Vec<&str> = parts[..k].to_vec();
-    key.push(&unnumbered);
-    (root, key.join(crate::attribute::modules::SEPARATOR))
+    // the numbered module alone: a chain seen from another caller (recorded through another
+    // path, or cut short) still finds its layer
+    (root, unnumbered)
 }
 
 /// The keys of blocks by stack and label, each computed once.
@@ -592,7 +592,10 @@ fn gather(
                     if kind == Kind::Life && k.ends != SAME_PLACE {
                         // blocks kept longer by one change (checkpointing off, a reference
                         // kept) sit at many sites of one module: one cause per module
-                        k.module = module_root(&k.module).0;
+                        let root = module_root(&k.module).0;
+                        let sep = crate::attribute::modules::SEPARATOR;
+                        // the numbered module itself: the same text for every layer
+                        k.module = root.rsplit(sep).next().unwrap_or(&root).to_string();
                         k.place_site = std::mem::replace(
                             &mut k.site,
                             format!("{MODULE_KEY}{}", module_root(&k.module).1),
