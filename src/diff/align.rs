@@ -20,6 +20,8 @@
 //! size, in the order they were freed.
 
 use std::collections::HashMap;
+
+use rustc_hash::FxHashMap;
 use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
@@ -94,8 +96,8 @@ pub struct Aligned {
 /// The alignment tokens of a run's allocations, with the allocations' event indices.
 fn tokens(a: &DeviceAnalysis) -> (Vec<u64>, Vec<usize>) {
     let snap = a.snap;
-    let mut sites: HashMap<crate::snapshot::StackId, u64> = HashMap::new();
-    let mut streams: HashMap<i64, u64> = HashMap::new();
+    let mut sites: FxHashMap<crate::snapshot::StackId, u64> = FxHashMap::default();
+    let mut streams: FxHashMap<i64, u64> = FxHashMap::default();
     let mut tokens = Vec::new();
     let mut events = Vec::new();
     for (i, e) in snap.trace(a.device()).iter().enumerate() {
@@ -235,11 +237,11 @@ fn blocks(a: &DeviceAnalysis, placed: &Placed, positions: u32) -> Vec<Block> {
 
 /// Aligns the new run with the base run and lays both on one timeline.
 pub fn align(base: &DeviceAnalysis, new: &DeviceAnalysis) -> Aligned {
-    let (tb, eb) = tokens(base);
-    let (tn, en) = tokens(new);
-    let (pairs, complete) = anchors(&tb, &tn);
-    let mut pb = Placed::new(base);
-    let mut pn = Placed::new(new);
+    let ((tb, eb), (tn, en)) = rayon::join(|| tokens(base), || tokens(new));
+    let ((pairs, complete), (mut pb, mut pn)) = rayon::join(
+        || anchors(&tb, &tn),
+        || rayon::join(|| Placed::new(base), || Placed::new(new)),
+    );
     // position 0 is recording start, before every event
     let mut pos = 1u32;
     for (gap, &(kb, kn)) in pairs.iter().enumerate() {
@@ -259,17 +261,19 @@ pub fn align(base: &DeviceAnalysis, new: &DeviceAnalysis) -> Aligned {
     pb.place_until(pb.counted.len(), &mut pos, last);
     pn.place_until(pn.counted.len(), &mut pos, last);
     let positions = pos;
-    let bb = blocks(base, &pb, positions);
-    let bn = blocks(new, &pn, positions);
+    let (bb, bn) = rayon::join(
+        || blocks(base, &pb, positions),
+        || blocks(new, &pn, positions),
+    );
 
     // blocks by allocation event, to turn aligned allocations into pairs of blocks
-    let index_b: HashMap<usize, usize> = event_index(&bb);
-    let index_n: HashMap<usize, usize> = event_index(&bn);
+    let index_b = event_index(&bb, pb.counted.len());
+    let index_n = event_index(&bn, pn.counted.len());
     let mut paired_b = vec![false; bb.len()];
     let mut paired_n = vec![false; bn.len()];
     let mut out = Vec::with_capacity(bb.len().max(bn.len()));
     for &(kb, kn) in &pairs {
-        let (b, n) = (index_b[&eb[kb]], index_n[&en[kn]]);
+        let (b, n) = (index_b[eb[kb]] as usize, index_n[en[kn]] as usize);
         paired_b[b] = true;
         paired_n[n] = true;
         out.push(Pairing::Both(b, n));
@@ -292,15 +296,15 @@ pub fn align(base: &DeviceAnalysis, new: &DeviceAnalysis) -> Aligned {
     }
 }
 
-fn event_index(blocks: &[Block]) -> HashMap<usize, usize> {
-    blocks
-        .iter()
-        .enumerate()
-        .filter_map(|(k, b)| match b.origin {
-            Origin::Event(i) => Some((i, k)),
-            Origin::BeforeTrace(_) => None,
-        })
-        .collect()
+/// For each trace event, the block its allocation made (`u32::MAX` for other events).
+fn event_index(blocks: &[Block], events: usize) -> Vec<u32> {
+    let mut index = vec![u32::MAX; events];
+    for (k, b) in blocks.iter().enumerate() {
+        if let Origin::Event(i) = b.origin {
+            index[i] = k as u32;
+        }
+    }
+    index
 }
 
 /// Blocks alive before recording, paired by size: of each size, the first freed with the

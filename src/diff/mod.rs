@@ -325,7 +325,7 @@ fn module_root(module: &str) -> (String, String) {
 }
 
 /// The keys of blocks by stack and label, each computed once.
-type KeyCache = HashMap<(crate::snapshot::StackId, Label), Keys>;
+type KeyCache = rustc_hash::FxHashMap<(crate::snapshot::StackId, Label), Keys>;
 
 fn keys(a: &DeviceAnalysis, keyer: &mut Keyer, cache: &mut KeyCache, b: &Block) -> Keys {
     let (l, stack) = label_of(a, b);
