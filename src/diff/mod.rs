@@ -1101,3 +1101,63 @@ fn allocator_cause(
         reserved_effect_bytes: effect,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_site_keeps_its_function_and_gives_its_line() {
+        assert_eq!(
+            split_line("train.py:step:45;model.py:forward:208"),
+            (
+                "train.py:step:45;model.py:forward".to_string(),
+                Some("208".to_string())
+            )
+        );
+        assert_eq!(
+            split_line("<no frames: backward on the autograd thread>"),
+            (
+                "<no frames: backward on the autograd thread>".to_string(),
+                None
+            )
+        );
+    }
+
+    #[test]
+    fn every_layer_of_a_stack_makes_one_module_key() {
+        let sep = crate::attribute::modules::SEPARATOR;
+        let a = ["Model.forward:403", "Layer.forward[3]:322", "MLP.forward"].join(sep);
+        let b = ["Layer.forward[11]:306", "Attention.forward"].join(sep);
+        let (root_a, key_a) = module_root(&a);
+        let (_, key_b) = module_root(&b);
+        assert_eq!(
+            root_a,
+            ["Model.forward:403", "Layer.forward[3]:322"].join(sep)
+        );
+        assert_eq!(key_a, "Layer.forward[]");
+        assert_eq!(key_a, key_b);
+        // a path without a numbered module is whole
+        assert_eq!(module_root("Head.forward").1, "Head.forward");
+    }
+
+    #[test]
+    fn modules_and_steps_read_as_ranges() {
+        let layers: Vec<String> = (0..4).map(|k| format!("Layer.forward[{k}]:322")).collect();
+        assert_eq!(modules_text(&layers), "Layer.forward[0…3]:322");
+        let mixed = vec!["A.forward".to_string(), "B.forward[1]".to_string()];
+        assert_eq!(modules_text(&mixed), "A.forward (and 1 other modules)");
+        let steps: Vec<String> = (0..3).map(|k| format!("train step {k}")).collect();
+        assert_eq!(span_text(&steps), "train step 0 … 2");
+        assert_eq!(span_text(&steps[..2]), "train step 0, 1");
+        assert_eq!(span_text(&steps[..1]), "train step 0");
+    }
+
+    #[test]
+    fn sizes_far_apart_are_two_requests() {
+        assert!(!implausible(512, 512 * 16));
+        assert!(implausible(512, 512 * 16 + 1));
+        assert!(implausible(0, 1));
+        assert!(!implausible(0, 0));
+    }
+}
