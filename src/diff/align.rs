@@ -4,7 +4,8 @@
 //! order the run first used them, since the handles differ between processes) and its call
 //! site (file and function of its innermost frames, without line numbers, so that an edit
 //! above a call does not unalign everything after it). The two token sequences are aligned
-//! with the Myers diff of the `similar` crate: allocations it pairs are the same request of
+//! with the Myers diff of the `similar` crate (as `whatif --scale` aligns runs, through
+//! [`crate::simulate::scale::equal_pairs`]): allocations it pairs are the same request of
 //! the program in both runs; the others are requests of one run only.
 //!
 //! The merged timeline gives every allocation and free of both runs a position, keeping each
@@ -23,10 +24,9 @@ use std::collections::HashMap;
 
 use rustc_hash::FxHashMap;
 use std::hash::{Hash, Hasher};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rustc_hash::FxHasher;
-use similar::{capture_diff_slices_deadline, Algorithm, DiffOp};
 
 use super::effects::Span;
 use crate::analysis::DeviceAnalysis;
@@ -121,25 +121,6 @@ fn tokens(a: &DeviceAnalysis) -> (Vec<u64>, Vec<usize>) {
         events.push(i);
     }
     (tokens, events)
-}
-
-/// Pairs of aligned allocations (indices into each run's allocations), and whether the diff
-/// finished in time.
-fn anchors(base: &[u64], new: &[u64]) -> (Vec<(usize, usize)>, bool) {
-    let deadline = Instant::now() + DIFF_DEADLINE;
-    let ops = capture_diff_slices_deadline(Algorithm::Myers, base, new, Some(deadline));
-    let mut out = Vec::new();
-    for op in ops {
-        if let DiffOp::Equal {
-            old_index,
-            new_index,
-            len,
-        } = op
-        {
-            out.extend((0..len).map(|k| (old_index + k, new_index + k)));
-        }
-    }
-    (out, Instant::now() < deadline)
 }
 
 /// Which events of a run change its allocated bytes: allocations and the frees of blocks.
@@ -239,7 +220,7 @@ fn blocks(a: &DeviceAnalysis, placed: &Placed, positions: u32) -> Vec<Block> {
 pub fn align(base: &DeviceAnalysis, new: &DeviceAnalysis) -> Aligned {
     let ((tb, eb), (tn, en)) = rayon::join(|| tokens(base), || tokens(new));
     let ((pairs, complete), (mut pb, mut pn)) = rayon::join(
-        || anchors(&tb, &tn),
+        || crate::simulate::scale::equal_pairs(&tb, &tn, DIFF_DEADLINE),
         || rayon::join(|| Placed::new(base), || Placed::new(new)),
     );
     // position 0 is recording start, before every event

@@ -431,12 +431,18 @@ fn align(base: &[Req], other: &[Req]) -> Vec<Option<usize>> {
     let a: Vec<u64> = base.iter().map(|r| r.token).collect();
     let b: Vec<u64> = other.iter().map(|r| r.token).collect();
     let mut map = vec![None; base.len()];
-    let ops = capture_diff_slices_deadline(
-        Algorithm::Myers,
-        &a,
-        &b,
-        Some(Instant::now() + DIFF_DEADLINE),
-    );
+    for (i, j) in equal_pairs(&a, &b, DIFF_DEADLINE).0 {
+        map[i] = Some(j);
+    }
+    map
+}
+
+/// The positions of `a` and `b` that the Myers diff pairs as equal, in order, and whether the
+/// diff finished within `time` (else it settled for a coarser alignment).
+pub fn equal_pairs(a: &[u64], b: &[u64], time: Duration) -> (Vec<(usize, usize)>, bool) {
+    let deadline = Instant::now() + time;
+    let ops = capture_diff_slices_deadline(Algorithm::Myers, a, b, Some(deadline));
+    let mut out = Vec::new();
     for op in ops {
         if let DiffOp::Equal {
             old_index,
@@ -444,12 +450,10 @@ fn align(base: &[Req], other: &[Req]) -> Vec<Option<usize>> {
             len,
         } = op
         {
-            for i in 0..len {
-                map[old_index + i] = Some(new_index + i);
-            }
+            out.extend((0..len).map(|k| (old_index + k, new_index + k)));
         }
     }
-    map
+    (out, Instant::now() < deadline)
 }
 
 /// The runs of `base` requests without a partner: `(first, end)` in request order.
