@@ -832,3 +832,74 @@ fn a_fleet_page_names_each_ranks_own_page() {
     let data: Value = serde_json::from_str(&html[start..end]).unwrap();
     assert_eq!(data["rows"].as_array().unwrap().len(), 4);
 }
+
+/// The diff page of checkpointing switched off (transformers Llama): both curves peak where
+/// `diff --json` says, the causes are listed in its order, and a click on the first (the
+/// activations now kept until backward) shades its blocks, within what the cause holds.
+#[test]
+fn a_diff_page_draws_both_runs_and_the_picked_cause() {
+    let Some(script) = browser() else { return };
+    let script = script.with_file_name("diff.mjs");
+    let dir = scratch();
+    let t = "snapshots/transformers";
+    let base = testdata(&format!("{t}/memory_snapshot_llama_ckpt_rank0.pickle.xz"));
+    let new = testdata(&format!("{t}/memory_snapshot_llama_rank0.pickle.xz"));
+    let (base, new) = (base.to_str().unwrap(), new.to_str().unwrap());
+    let page = dir.path().join("diff.html");
+    let o = memsnap(&["diff", base, new, "--html", page.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let d = json(&["diff", base, new]);
+    let size = std::fs::metadata(&page).unwrap().len();
+    assert!(size < 1_000_000, "{size} bytes");
+    let out = Command::new("node")
+        .arg(&script)
+        .arg(&page)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in ["consoleErrors", "pageErrors", "requests"] {
+        assert_eq!(r[key], serde_json::json!([]), "{key}: {r}");
+    }
+    assert!(r["paintMs"].as_f64().unwrap() < 1000.0, "{r}");
+    assert_eq!(r["peaks"][0], d["base"]["peak_allocated_bytes"], "{r}");
+    assert_eq!(r["peaks"][1], d["new"]["peak_allocated_bytes"], "{r}");
+    let causes = d["causes"].as_array().unwrap();
+    assert_eq!(
+        r["causes"].as_u64().unwrap() as usize,
+        causes.len().min(200)
+    );
+    for (k, effect) in r["rows"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(effect, &causes[k]["peak_effect_bytes"], "row {k}: {r}");
+    }
+    let first = &causes[0];
+    assert_eq!(first["kind"], "life", "{first}");
+    let picked = &r["picked"];
+    assert_eq!(picked["index"], 0, "{r}");
+    assert_eq!(picked["row"], "0", "{r}");
+    let held = picked["new"].as_u64().unwrap();
+    assert!(
+        held > 0 && held <= first["bytes_new"].as_u64().unwrap(),
+        "{r}"
+    );
+    assert!(picked["base"].as_u64().unwrap() <= first["bytes_base"].as_u64().unwrap());
+    assert!(
+        picked["detail"]
+            .as_str()
+            .unwrap()
+            .contains("now alive until backward"),
+        "{r}"
+    );
+    assert_eq!(r["shaded"], true, "{r}");
+    assert!(
+        r["summary"]
+            .as_str()
+            .unwrap()
+            .starts_with("changed: peak allocated +"),
+        "{r}"
+    );
+}

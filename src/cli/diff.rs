@@ -18,7 +18,8 @@ use super::{Failure, InputArgs};
 #[command(after_help = "Examples:
   memsnap diff main.pickle branch.pickle
   memsnap diff main/ branch/                       # folders of ranks, matched by rank
-  memsnap diff main.pickle branch.pickle --max-increase 5% --markdown --png diff.png")]
+  memsnap diff main.pickle branch.pickle --max-increase 5% --markdown --png diff.png
+  memsnap diff main.pickle branch.pickle --html diff.html   (click a cause to see its blocks)")]
 pub struct DiffArgs {
     /// The base run: a snapshot, or a folder of one snapshot per rank.
     pub base: PathBuf,
@@ -55,6 +56,10 @@ pub struct DiffArgs {
     /// Also draw both runs' timelines on one y axis to this PNG or SVG file.
     #[arg(long, value_name = "FILE")]
     pub png: Option<PathBuf>,
+    /// Also write an interactive page: both runs on one time axis, the causes listed, a click
+    /// on a cause shading its blocks (with folders: the rank whose peak changed most).
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
     #[command(flatten)]
     pub input: InputArgs,
 }
@@ -305,6 +310,9 @@ pub fn run(args: DiffArgs) -> Result<(), Failure> {
             .map_err(|e| memsnap::Error::new(png, memsnap::ErrorKind::Chart(e)))?;
         super::check_output(png, memsnap::output::Naming::Named)?;
     }
+    if let Some(html) = &args.html {
+        super::check_output(html, memsnap::output::Naming::Named)?;
+    }
     let mut diffs: Vec<(String, Diff)> = Vec::new();
     let mut panels = Vec::new();
     let chart_options = memsnap::chart::Options::default();
@@ -366,6 +374,9 @@ pub fn run(args: DiffArgs) -> Result<(), Failure> {
         })?;
         note!("memsnap: wrote {}", super::shown(png));
     }
+    if let Some(html) = &args.html {
+        write_page(html, &diffs)?;
+    }
     if budget.is_empty() {
         return Ok(());
     }
@@ -385,6 +396,45 @@ pub fn run(args: DiffArgs) -> Result<(), Failure> {
         return Err(Failure::Printed(super::EXIT_FILE));
     }
     note!("memsnap: within budget");
+    Ok(())
+}
+
+/// Writes the diff page of one pair: the only one, or the rank whose peak changed most.
+fn write_page(path: &Path, diffs: &[(String, Diff)]) -> Result<(), Failure> {
+    let Some((name, d)) = diffs
+        .iter()
+        .max_by_key(|(_, d)| d.peak_allocated_delta_bytes.unsigned_abs())
+    else {
+        return Ok(());
+    };
+    let short = |f: &str| {
+        Path::new(f)
+            .file_name()
+            .map_or(f.to_string(), |n| n.to_string_lossy().into_owned())
+    };
+    let mut title = format!(
+        "memsnap diff · {} → {}",
+        short(&d.base.file),
+        short(&d.new.file)
+    );
+    if !name.is_empty() {
+        title = format!("{title} · {name}");
+        if diffs.len() > 1 {
+            note!(
+                "memsnap: the page shows {name}, whose peak changed most of the {} ranks",
+                diffs.len()
+            );
+        }
+    }
+    let naming = memsnap::output::Naming::Named;
+    let mut pending = super::create_output(path, naming)?;
+    let written = {
+        let mut w = std::io::BufWriter::new(pending.file());
+        memsnap::page::diff::write(&mut w, &title, d).and_then(|()| w.flush())
+    };
+    written.map_err(|e| super::write_failed(path, e))?;
+    super::commit_output(pending, path)?;
+    note!("memsnap: wrote {}", super::shown(path));
     Ok(())
 }
 

@@ -104,6 +104,10 @@ pub struct Cause {
     /// For the allocator: how much it moved the reserved peak.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reserved_effect_bytes: Option<i64>,
+    /// The cause's blocks on the merged timeline: each base block taken away (`-1`), each new
+    /// block added (`+1`); the page draws them (not in the JSON).
+    #[serde(skip)]
+    pub spans: Vec<(Span, i64)>,
 }
 
 /// One run's figures.
@@ -178,6 +182,102 @@ pub struct Diff {
     pub notes: Vec<String>,
     /// The causes, largest effect first.
     pub causes: Vec<Cause>,
+    /// Both runs' allocated bytes on the merged timeline, for the page (not in the JSON).
+    #[serde(skip)]
+    pub timeline: Timeline,
+}
+
+/// Both runs' allocated bytes on the merged timeline (every allocation and free of either run
+/// one position, aligned requests side by side), in columns.
+#[derive(Clone, Debug, Default)]
+pub struct Timeline {
+    /// Positions of the merged timeline.
+    pub positions: usize,
+    /// Each column's first position (the last column ends at `positions`).
+    pub column_starts: Vec<u32>,
+    /// The base run's highest allocated bytes in each column.
+    pub base: Vec<u64>,
+    /// The new run's highest allocated bytes in each column.
+    pub new: Vec<u64>,
+}
+
+impl Timeline {
+    /// Most columns drawn.
+    pub const COLUMNS: usize = 1600;
+
+    fn new(base: &[i64], new: &[i64], positions: usize) -> Timeline {
+        let columns = positions.clamp(1, Self::COLUMNS);
+        let column_starts: Vec<u32> = (0..columns)
+            .map(|c| (c as u64 * positions as u64 / columns as u64) as u32)
+            .collect();
+        let mut t = Timeline {
+            positions,
+            column_starts,
+            ..Timeline::default()
+        };
+        t.base = t.column_max(base);
+        t.new = t.column_max(new);
+        t
+    }
+
+    /// The column of a position.
+    pub fn column_of(&self, position: u32) -> usize {
+        self.column_starts
+            .partition_point(|&s| s <= position)
+            .saturating_sub(1)
+    }
+
+    /// The highest of `values` (one per position) in each column, never below zero.
+    fn column_max(&self, values: &[i64]) -> Vec<u64> {
+        let mut out = vec![0u64; self.column_starts.len()];
+        for (c, o) in out.iter_mut().enumerate() {
+            let from = self.column_starts[c] as usize;
+            let to = self
+                .column_starts
+                .get(c + 1)
+                .map_or(self.positions, |&s| s as usize)
+                .min(values.len());
+            *o = values
+                .get(from..to.max(from))
+                .and_then(|v| v.iter().copied().max())
+                .unwrap_or(0)
+                .max(0) as u64;
+        }
+        out
+    }
+
+    /// The live bytes of one run's blocks among `spans` (those of sign `sign`), highest in
+    /// each column: a sweep over the spans' ends.
+    pub fn spans_by_column(&self, spans: &[(Span, i64)], sign: i64) -> Vec<u64> {
+        let mut ends: Vec<(u32, i64)> = Vec::new();
+        for (s, k) in spans {
+            if *k == sign && s.start < s.end {
+                ends.push((s.start, s.bytes as i64));
+                ends.push((s.end, -(s.bytes as i64)));
+            }
+        }
+        ends.sort_unstable();
+        let mut out = vec![0u64; self.column_starts.len()];
+        let mut live: i64 = 0;
+        let mut i = 0;
+        while i < ends.len() {
+            let at = ends[i].0;
+            while i < ends.len() && ends[i].0 == at {
+                live += ends[i].1;
+                i += 1;
+            }
+            let until = ends.get(i).map_or(at, |e| e.0);
+            if live > 0 && (at as usize) < self.positions {
+                // the value `live` holds over [at, until)
+                let last = until.max(at + 1) - 1;
+                let (from, to) = (self.column_of(at), self.column_of(last));
+                for o in &mut out[from..=to] {
+                    *o = (*o).max(live as u64);
+                }
+            }
+        }
+        out
+    }
 }
 
 impl Diff {
@@ -418,7 +518,7 @@ pub fn diff(base: &DeviceAnalysis, new: &DeviceAnalysis, files: (&str, &str)) ->
     let sites = shared_sites(base, new, &aligned, &mut kb, &mut kn);
     let (mut groups, mut order) = gather(base, new, &aligned, (&mut kb, &mut kn), &sites);
     merge_replaced(&mut groups, &mut order);
-    let (causes, exact) = effects_on_the_peak(base, new, &aligned, &groups, &order);
+    let (causes, exact, timeline) = effects_on_the_peak(base, new, &aligned, &groups, &order);
     let mut causes = causes;
     let side = |a: &DeviceAnalysis, file: &str, requests: usize| Side {
         file: file.to_string(),
@@ -494,6 +594,7 @@ pub fn diff(base: &DeviceAnalysis, new: &DeviceAnalysis, files: (&str, &str)) ->
         }),
         reserved,
         causes,
+        timeline,
     }
 }
 
@@ -691,16 +792,15 @@ fn effects_on_the_peak(
     aligned: &align::Aligned,
     groups: &BTreeMap<Key, Gathered>,
     order: &[Key],
-) -> (Vec<Cause>, bool) {
+) -> (Vec<Cause>, bool, Timeline) {
     // the shared timeline: each run's peak rebuilt from its spans
     let n = aligned.positions;
     let base_values = effects::values(aligned.base.iter().map(|b| b.span), n);
     let base_peak = base_values.iter().copied().max().unwrap_or(0).max(0);
-    let new_peak = effects::values(aligned.new.iter().map(|b| b.span), n)
-        .into_iter()
-        .max()
-        .unwrap_or(0)
-        .max(0);
+    let new_values = effects::values(aligned.new.iter().map(|b| b.span), n);
+    let new_peak = new_values.iter().copied().max().unwrap_or(0).max(0);
+    let timeline = Timeline::new(&base_values, &new_values, n);
+    drop(new_values);
     let exact = base_peak as u64 == base.replay.peaks.allocated.bytes
         && new_peak as u64 == new.replay.peaks.allocated.bytes;
     let mut curve = Curve::new(&base_values, n);
@@ -741,7 +841,7 @@ fn effects_on_the_peak(
         )
     });
 
-    (causes, exact)
+    (causes, exact, timeline)
 }
 
 /// The caller of a site: all its frames but the innermost.
@@ -985,6 +1085,7 @@ fn cause(key: &Key, g: &Gathered, effect: i64, alone: i64) -> Cause {
         bytes_new: g.bytes.1,
         what,
         reserved_effect_bytes: None,
+        spans: g.spans.clone(),
     }
 }
 
@@ -1099,6 +1200,7 @@ fn allocator_cause(
         bytes_new: 0,
         what,
         reserved_effect_bytes: effect,
+        spans: Vec::new(),
     })
 }
 

@@ -20,6 +20,7 @@
 //! library would add its own data model and 100 to 1,000 KB to every page. Strings from the
 //! snapshot reach the page's DOM as text only, never as markup.
 
+pub mod diff;
 pub mod fleet;
 pub mod pack;
 pub mod texts;
