@@ -384,3 +384,108 @@ fn checkpointing_switched_off_is_named() {
     // every decoder layer's blocks in one cause
     assert!(top["module"].as_str().unwrap().contains("[0…3]"), "{top}");
 }
+
+/// The planted pairs of `testdata/record/diff_pairs.py` (one change each, recorded on the
+/// device): `PLANT bytes=` of a log, when it printed one.
+fn plant_bytes(log: &str) -> Option<i64> {
+    let text = std::fs::read_to_string(testdata(log)).expect("the log is bundled");
+    let line = text.lines().find(|l| l.starts_with("PLANT "))?;
+    line.rsplit("bytes=").next()?.trim().parse().ok()
+}
+
+const PLANTED: &str = "snapshots/diff";
+
+/// What the top cause of each planted pair must be: its kind, and a text its site or module
+/// holds (the planted change's site or module).
+const TOP_CAUSES: &[(&str, &[&str], &[&str])] = &[
+    ("logits_kept", &["life"], &["lm_head", "modeling_llama.py"]),
+    ("ckpt_off", &["life"], &["modeling_llama.py"]),
+    ("sdpa_eager", &["new"], &["eager_attention_forward"]),
+    ("fp32_head", &["size", "new"], &["head"]),
+    (
+        "larger_batch",
+        &["size"],
+        &["resnet.py", "conv.py", "functional.py"],
+    ),
+    ("zero_grad_keep", &["life"], &["optimizer.py", "zero_grad"]),
+    (
+        "mlp_batch",
+        &["size"],
+        &["diff_pairs.py", "linear.py", "activation.py"],
+    ),
+];
+
+/// Every planted pair: the change of both peaks is the printed one, the effects add up to it,
+/// and the top cause is the planted change.
+#[test]
+fn each_planted_change_is_the_top_cause() {
+    for (pair, kinds, names) in TOP_CAUSES {
+        let dir = format!("{PLANTED}/{pair}");
+        let d = diff(
+            &format!("{dir}/base.pickle.xz"),
+            &format!("{dir}/new.pickle.xz"),
+            &[],
+        );
+        let (pb, pn) = (
+            printed_peaks(&format!("{dir}/base.log"), None),
+            printed_peaks(&format!("{dir}/new.log"), None),
+        );
+        check_adds_up(&d, pb, pn);
+        assert_eq!(d["verdict"], "changed", "{pair}");
+        let top = &d["causes"][0];
+        let kind = top["kind"].as_str().unwrap();
+        assert!(kinds.contains(&kind), "{pair}: the top cause is {top}");
+        let place = format!("{} {}", top["site"], top["module"]);
+        assert!(
+            names.iter().any(|n| place.contains(n)),
+            "{pair}: the top cause's place {place} names none of {names:?}"
+        );
+        // the top cause is most of the change of the peak
+        let delta = d["peak_allocated_delta_bytes"].as_i64().unwrap();
+        let effect = top["peak_effect_bytes"].as_i64().unwrap();
+        assert!(
+            effect.signum() == delta.signum() && effect.abs() * 2 >= delta.abs(),
+            "{pair}: top effect {effect} of a change of {delta}"
+        );
+        let _ = plant_bytes(&format!("{dir}/new.log"));
+    }
+}
+
+/// The same program twice gives no change and exit 0 under a zero budget; expandable segments
+/// switched on gives the allocator alone.
+#[test]
+fn planted_pairs_without_a_program_change() {
+    let dir = format!("{PLANTED}/same");
+    let d = diff(
+        &format!("{dir}/base.pickle.xz"),
+        &format!("{dir}/new.pickle.xz"),
+        &[],
+    );
+    assert_eq!(d["verdict"], "no change", "{d}");
+    assert_eq!(d["peak_allocated_delta_bytes"], 0);
+    let (b, n) = (
+        testdata(&format!("{dir}/base.pickle.xz")),
+        testdata(&format!("{dir}/new.pickle.xz")),
+    );
+    let text = ok(&[
+        "diff",
+        &b.to_string_lossy(),
+        &n.to_string_lossy(),
+        "--max-increase",
+        "0%",
+    ]);
+    assert!(text.contains("No change"), "{text}");
+    let dir = format!("{PLANTED}/expandable");
+    let d = diff(
+        &format!("{dir}/base.pickle.xz"),
+        &format!("{dir}/new.pickle.xz"),
+        &[],
+    );
+    assert_eq!(d["verdict"], "allocator only", "{d}");
+    check_adds_up(
+        &d,
+        printed_peaks(&format!("{dir}/base.log"), None),
+        printed_peaks(&format!("{dir}/new.log"), None),
+    );
+    assert_eq!(d["reserved"]["settings_differ"], true, "{d}");
+}

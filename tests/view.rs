@@ -831,6 +831,27 @@ fn a_fleet_page_names_each_ranks_own_page() {
     let end = start + html[start..].find("</script>").unwrap();
     let data: Value = serde_json::from_str(&html[start..end]).unwrap();
     assert_eq!(data["rows"].as_array().unwrap().len(), 4);
+    // --outliers 1: the page of the rank farthest from the median peak, linked
+    let page = dir.path().join("fleet2.html");
+    let mut args = vec!["view", "--outliers", "1", "-o", page.to_str().unwrap()];
+    args.extend(summaries.iter().map(|s| s.as_str()));
+    ok(&args);
+    let html = std::fs::read_to_string(&page).unwrap();
+    let start = html.find(r#"id="data">"#).unwrap() + r#"id="data">"#.len();
+    let end = start + html[start..].find("</script>").unwrap();
+    let data: Value = serde_json::from_str(&html[start..end]).unwrap();
+    let rows = data["rows"].as_array().unwrap();
+    let linked: Vec<&Value> = rows.iter().filter(|r| r[9].is_string()).collect();
+    assert_eq!(linked.len(), 1, "{rows:?}");
+    let peaks: Vec<i64> = rows.iter().map(|r| r[4].as_i64().unwrap()).collect();
+    let mut sorted = peaks.clone();
+    sorted.sort();
+    let median = sorted[(sorted.len() - 1) / 2];
+    let farthest = peaks.iter().map(|p| (p - median).abs()).max().unwrap();
+    assert_eq!((linked[0][4].as_i64().unwrap() - median).abs(), farthest);
+    let own = dir.path().join(linked[0][9].as_str().unwrap());
+    let own_html = std::fs::read_to_string(&own).expect("the outlier's own page");
+    assert!(own_html.contains("memsnap"), "{}", own.display());
 }
 
 /// The diff page of checkpointing switched off (transformers Llama): both curves peak where

@@ -219,7 +219,7 @@ pub enum PresetArg {
 }
 
 /// Common options for reading and attributing snapshot files.
-#[derive(Debug, clap::Args)]
+#[derive(Clone, Debug, clap::Args)]
 pub struct InputArgs {
     /// How bytes are counted.
     #[arg(long, value_enum, default_value_t = Sizes::Allocator)]

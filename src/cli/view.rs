@@ -40,6 +40,11 @@ pub struct ViewArgs {
     /// The page's title.
     #[arg(long)]
     pub title: Option<String>,
+    /// With report summaries: also write the pages of the N ranks farthest from the median
+    /// peak whose snapshots are beside their summaries (beside the fleet page, named after
+    /// it), and link them from the fleet page.
+    #[arg(long, value_name = "N")]
+    pub outliers: Option<usize>,
     #[command(flatten)]
     pub input: InputArgs,
 }
@@ -297,6 +302,7 @@ fn fleet(args: &ViewArgs, files: &[PathBuf]) -> Result<(), Failure> {
             Ok(reports) => summaries.push(memsnap::page::fleet::Summary {
                 reports,
                 snapshot: snapshot_beside(f),
+                page: None,
             }),
             Err(e) => tally.complain(&e),
         }
@@ -309,6 +315,9 @@ fn fleet(args: &ViewArgs, files: &[PathBuf]) -> Result<(), Failure> {
             .sum();
         format!("memsnap · {ranks} ranks")
     });
+    if let Some(n) = args.outliers {
+        outlier_pages(args, &out, n, &mut summaries, &mut tally);
+    }
     let mut pending = super::create_output(&out, naming)?;
     let written = {
         let mut w = std::io::BufWriter::new(pending.file());
@@ -318,6 +327,60 @@ fn fleet(args: &ViewArgs, files: &[PathBuf]) -> Result<(), Failure> {
     super::commit_output(pending, &out)?;
     note!("memsnap: wrote {}", super::shown(&out));
     tally.finish()
+}
+
+/// Writes the pages of the `n` summaries farthest from the median peak whose snapshots are at
+/// hand, beside the fleet page `out` (`<fleet stem>-<snapshot stem>.html`), and notes each in
+/// its summary for the fleet page to link.
+fn outlier_pages(
+    args: &ViewArgs,
+    out: &Path,
+    n: usize,
+    summaries: &mut [memsnap::page::fleet::Summary],
+    tally: &mut Tally,
+) {
+    let peak = |s: &memsnap::page::fleet::Summary| {
+        s.reports
+            .iter()
+            .flat_map(|r| &r.devices)
+            .map(|d| d.peak_allocated_bytes)
+            .max()
+            .unwrap_or(0)
+    };
+    let mut peaks: Vec<u64> = summaries.iter().map(peak).collect();
+    peaks.sort_unstable();
+    let median = peaks
+        .get(peaks.len().saturating_sub(1) / 2)
+        .copied()
+        .unwrap_or(0);
+    let mut order: Vec<usize> = (0..summaries.len())
+        .filter(|&i| summaries[i].snapshot.is_some())
+        .collect();
+    order.sort_by_key(|&i| (std::cmp::Reverse(peak(&summaries[i]).abs_diff(median)), i));
+    let folder = out.parent().unwrap_or(Path::new(""));
+    let fleet_stem = super::stem(out);
+    for i in order.into_iter().take(n) {
+        let Some(snapshot) = summaries[i].snapshot.clone() else {
+            continue;
+        };
+        let name = format!("{fleet_stem}-{}.html", super::stem(Path::new(&snapshot)));
+        let page = folder.join(&name);
+        let one = ViewArgs {
+            inputs: vec![PathBuf::from(&snapshot)],
+            output: Some(page),
+            open: false,
+            device: None,
+            recursive: false,
+            title: None,
+            outliers: None,
+            input: args.input.clone(),
+        };
+        match run(one) {
+            Ok(()) => summaries[i].page = Some(name),
+            Err(Failure::Error(e)) => tally.complain(&e),
+            Err(_) => {}
+        }
+    }
 }
 
 /// The snapshot a `<snapshot>.summary.json` was written for, when it is beside it (as written,

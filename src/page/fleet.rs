@@ -5,7 +5,8 @@
 //! peak, a few numbers each (about 150 bytes a rank, so 4,096 ranks make well under 1 MB).
 //! The page draws heat strips (one pixel column per rank) of each figure, and a table sorted
 //! by distance from the median peak, outliers first, sortable by any column; a click names the
-//! rank's own page (`memsnap view` of its snapshot) where the snapshot is beside its summary.
+//! rank's own page (`memsnap view` of its snapshot) where the snapshot is beside its summary,
+//! and links it where that page was written beside this one (`memsnap view --outliers N`).
 
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -24,6 +25,8 @@ pub struct Summary {
     pub reports: Vec<FileReport>,
     /// The snapshot the summary was written for, when it is at hand.
     pub snapshot: Option<String>,
+    /// Its own page, written beside the fleet page (a file name), when there is one.
+    pub page: Option<String>,
 }
 
 /// Writes the fleet page of `summaries` to `out`.
@@ -65,6 +68,7 @@ pub fn write(out: &mut dyn Write, title: &str, summaries: &[Summary]) -> io::Res
                     k,
                     mix,
                     s.snapshot,
+                    s.page,
                 ]));
             }
         }
