@@ -259,3 +259,74 @@ fn a_folder_of_ranks_with_fresh_summaries_is_compared_from_them_alone() {
         stderr(&o)
     );
 }
+
+/// Eight ranks of one job under `torchrun --nproc-per-node 8` on the device's one GPU
+/// (`testdata/record/fleet.py`), each writing its summary through `memsnap.Capture(summary=
+/// True)` in a child process: `compare DIR` reads the summaries alone, and each rank's peaks
+/// are what the rank printed (rank 5, which kept 64 MiB more, the outlier).
+#[test]
+fn eight_torchrun_ranks_compare_from_the_summaries_they_wrote() {
+    let src = testdata("snapshots/fleet");
+    let log = fs::read_to_string(src.join("log.txt")).unwrap();
+    let dir = scratch();
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    for e in fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        let copy = dir.path().join(&name);
+        fs::copy(&p, &copy).unwrap();
+        if name.ends_with(".pickle.xz") {
+            // the pickles older than the summaries written after them
+            fs::File::options()
+                .write(true)
+                .open(&copy)
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+        }
+    }
+    let folder = dir.path().to_string_lossy().into_owned();
+    let o = memsnap(&["compare", "--json", &folder]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("read the summaries written beside the 8 snapshots"),
+        "{}",
+        stderr(&o)
+    );
+    let table = rows(&stdout(&o));
+    assert_eq!(table.len(), 8);
+    for r in &table {
+        let rank = r["rank"].as_u64().expect("a rank");
+        let line = log
+            .lines()
+            .find(|l| l.starts_with(&format!("[rank={rank}] PEAK ")))
+            .expect("the rank's PEAK line");
+        let field = |name: &str| -> u64 {
+            let at = line.find(name).unwrap() + name.len();
+            line[at..].split(' ').next().unwrap().parse().unwrap()
+        };
+        assert_eq!(
+            r["peak_allocated_bytes"],
+            field("max_memory_allocated="),
+            "rank {rank}"
+        );
+        assert_eq!(
+            r["peak_reserved_bytes"],
+            field("max_memory_reserved="),
+            "rank {rank}"
+        );
+    }
+    let peak = |rank: u64| {
+        table.iter().find(|r| r["rank"] == rank).unwrap()["peak_allocated_bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(peak(5) - peak(0), 64 << 20, "the outlier's 64 MiB");
+    // each summary is what report --json says of its pickle now
+    for rank in [0u64, 5] {
+        let pickle = src.join(format!("memory_snapshot_rank{rank}_step1.pickle.xz"));
+        let fresh: serde_json::Value =
+            serde_json::from_str(&ok(&["report", "--json", pickle.to_str().unwrap()])).unwrap();
+        assert_eq!(fresh["devices"][0]["peak_allocated_bytes"], peak(rank));
+    }
+}

@@ -96,6 +96,8 @@ pub fn snapshots_under(dir: &Path) -> Vec<PathBuf> {
                 stack.push(p);
             } else if p.to_string_lossy().contains(".pickle")
                 && !memsnap::snapshot::probes::is_side_file(&p)
+                && !p.to_string_lossy().ends_with(".summary.json")
+                && !p.to_string_lossy().ends_with(".summary.err")
             {
                 out.push(p);
             }

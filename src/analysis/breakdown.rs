@@ -450,7 +450,29 @@ pub fn step_table(snap: &Snapshot, replay: &Replay, a: &Attribution) -> Vec<Step
                 })
         })
         .collect();
-    merge_small_rows(rows, &frees_only)
+    let mut rows = merge_small_rows(rows, &frees_only);
+    // a quiet update whose row gave way to a row that only frees leaves two rows of one label
+    // side by side: one row (the table never shows a label twice in a row)
+    rows.dedup_by(|next, row| {
+        let same = !row.quiet
+            && !next.quiet
+            && row.label == next.label
+            && row.train_step == next.train_step
+            && row.step == next.step;
+        if same {
+            row.last_event = next.last_event;
+            row.end_allocated_bytes = next.end_allocated_bytes;
+            if next.peak_allocated_bytes > row.peak_allocated_bytes {
+                row.peak_allocated_bytes = next.peak_allocated_bytes;
+                row.peak_event_index = next.peak_event_index;
+                row.peak_categories = std::mem::take(&mut next.peak_categories);
+            }
+            row.iteration_end_allocated_bytes
+                .append(&mut next.iteration_end_allocated_bytes);
+        }
+        same
+    });
+    rows
 }
 
 /// Rows of a few events between two rows of the same step (a stray free from another thread)

@@ -330,10 +330,40 @@ fn end_place(a: &DeviceAnalysis, keyer: &mut Keyer, b: &Block) -> String {
     match b.freed_by {
         None => "the end".to_string(),
         Some(f) => {
+            let events = a.snap.trace(a.device());
             let l = &a.attribution.labels[f];
-            let stack = a.snap.trace(a.device())[f].stack;
-            format!("{} ({})", l.phase.as_str(), step_of(keyer, l, stack))
+            let freed_in = step_of(keyer, l, events[f].stack);
+            // the step of the free told against the allocation's, so that one change (a
+            // reference kept every step) is one cause whichever step it happened in
+            let allocated_in = match b.origin {
+                Origin::Event(i) => Some(step_of(keyer, &a.attribution.labels[i], events[i].stack)),
+                Origin::BeforeTrace(_) => None,
+            };
+            format!(
+                "{}{}",
+                l.phase.as_str(),
+                relative_step(allocated_in.as_deref(), &freed_in)
+            )
         }
+    }
+}
+
+/// Which step a free came in, told against the step of its allocation: nothing for the same
+/// step, else ` of the next step`, ` of a later step` or the free's own step.
+fn relative_step(allocated_in: Option<&str>, freed_in: &str) -> String {
+    fn numbered(s: &str) -> Option<(&str, u64)> {
+        let digits = s.len() - s.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        let (prefix, n) = s.split_at(s.len() - digits);
+        Some((prefix, n.parse().ok()?))
+    }
+    match allocated_in {
+        Some(from) if from == freed_in => String::new(),
+        Some(from) => match (numbered(from), numbered(freed_in)) {
+            (Some((p, a)), Some((q, b))) if p == q && b == a + 1 => " of the next step".into(),
+            (Some((p, a)), Some((q, b))) if p == q && b > a + 1 => " of a later step".into(),
+            _ => format!(" ({freed_in})"),
+        },
+        None => format!(" ({freed_in})"),
     }
 }
 
@@ -683,6 +713,11 @@ fn gather(
                 if kind == Kind::Allocator {
                     k = Keys::allocator();
                 }
+                if kind == Kind::Life && y.freed_by.is_none() && x.freed_by.is_some() {
+                    // a block now never freed has no life of its own to tell its category by
+                    // (it reads as kept to the end): the base run's says what it was
+                    k.category = keys(base, kb, &mut cb, x).category;
+                }
                 if x.free_gap != y.free_gap {
                     let ends = (end_place(base, kb, x), end_place(new, kn, y));
                     k.ends = if ends.0 == ends.1 {
@@ -849,6 +884,21 @@ fn caller(site: &str) -> Option<&str> {
     site.rsplit_once(';').map(|(c, _)| c)
 }
 
+/// A site's frames without their lines (`a.py:f:12;b.py:g:3,4` → `a.py:f;b.py:g`): a caller
+/// reached through another line of the same functions is the same place.
+fn without_lines(site: &str) -> String {
+    site.split(';')
+        .map(|frame| {
+            let mut parts = frame.splitn(3, ':');
+            match (parts.next(), parts.next()) {
+                (Some(file), Some(function)) => format!("{file}:{function}"),
+                _ => frame.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
 /// Allocations gone at one site and new at another called from the same place, in the same
 /// category: one function replaced by another. The gone ones join the new ones' cause.
 fn merge_replaced(groups: &mut BTreeMap<Key, Gathered>, order: &mut Vec<Key>) {
@@ -864,10 +914,14 @@ fn merge_replaced(groups: &mut BTreeMap<Key, Gathered>, order: &mut Vec<Key>) {
         .collect();
     let mut merged = std::collections::HashSet::new();
     for g in gone {
-        let Some(c) = caller(&g.1) else { continue };
+        let Some(c) = caller(&g.1).map(without_lines) else {
+            continue;
+        };
         let Some(into) = news
             .iter()
-            .filter(|n| caller(&n.1) == Some(c) && n.2 == g.2)
+            .filter(|n| {
+                caller(&n.1).map(without_lines).as_deref() == Some(c.as_str()) && n.2 == g.2
+            })
             .max_by_key(|n| groups.get(*n).map_or(0, |x| x.bytes.1))
         else {
             continue;
@@ -1207,6 +1261,30 @@ fn allocator_cause(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn callers_are_compared_without_their_lines() {
+        assert_eq!(
+            without_lines("a.py:f:12;b.py:g:3,4"),
+            "a.py:f;b.py:g".to_string()
+        );
+        assert_eq!(without_lines("<no frames>"), "<no frames>");
+    }
+
+    #[test]
+    fn steps_of_frees_are_told_against_the_allocation() {
+        assert_eq!(relative_step(Some("train step 1"), "train step 1"), "");
+        assert_eq!(
+            relative_step(Some("train step 1"), "train step 2"),
+            " of the next step"
+        );
+        assert_eq!(
+            relative_step(Some("train step 0"), "train step 3"),
+            " of a later step"
+        );
+        assert_eq!(relative_step(None, "step 2"), " (step 2)");
+        assert_eq!(relative_step(Some("set-up"), "step 2"), " (step 2)");
+    }
 
     #[test]
     fn a_site_keeps_its_function_and_gives_its_line() {
