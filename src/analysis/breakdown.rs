@@ -450,29 +450,7 @@ pub fn step_table(snap: &Snapshot, replay: &Replay, a: &Attribution) -> Vec<Step
                 })
         })
         .collect();
-    let mut rows = merge_small_rows(rows, &frees_only);
-    // a quiet update whose row gave way to a row that only frees leaves two rows of one label
-    // side by side: one row (the table never shows a label twice in a row)
-    rows.dedup_by(|next, row| {
-        let same = !row.quiet
-            && !next.quiet
-            && row.label == next.label
-            && row.train_step == next.train_step
-            && row.step == next.step;
-        if same {
-            row.last_event = next.last_event;
-            row.end_allocated_bytes = next.end_allocated_bytes;
-            if next.peak_allocated_bytes > row.peak_allocated_bytes {
-                row.peak_allocated_bytes = next.peak_allocated_bytes;
-                row.peak_event_index = next.peak_event_index;
-                row.peak_categories = std::mem::take(&mut next.peak_categories);
-            }
-            row.iteration_end_allocated_bytes
-                .append(&mut next.iteration_end_allocated_bytes);
-        }
-        same
-    });
-    rows
+    merge_small_rows(rows, &frees_only)
 }
 
 /// Rows of a few events between two rows of the same step (a stray free from another thread)
@@ -496,25 +474,43 @@ fn merge_small_rows(rows: Vec<StepRow>, frees_only: &[bool]) -> Vec<StepRow> {
                 continue;
             }
             if same && last.quiet {
-                *last = row;
+                // the row takes the quiet range's place, and goes on with the row before it
+                // when that one reads the same (never one label twice in a row)
+                out.pop();
+                match out.last_mut() {
+                    Some(before)
+                        if !before.quiet
+                            && before.step == row.step
+                            && before.train_step == row.train_step
+                            && before.label == row.label =>
+                    {
+                        absorb(before, row)
+                    }
+                    _ => out.push(row),
+                }
                 continue;
             }
             if same {
-                if row.peak_allocated_bytes > last.peak_allocated_bytes {
-                    last.peak_allocated_bytes = row.peak_allocated_bytes;
-                    last.peak_event_index = row.peak_event_index;
-                    last.peak_categories = row.peak_categories;
-                }
-                last.last_event = row.last_event;
-                last.end_allocated_bytes = row.end_allocated_bytes;
-                last.iteration_end_allocated_bytes
-                    .extend(row.iteration_end_allocated_bytes);
+                absorb(last, row);
                 continue;
             }
         }
         out.push(row);
     }
     out
+}
+
+/// Extends `last` by the row after it: its events, its end, and its peak where higher.
+fn absorb(last: &mut StepRow, row: StepRow) {
+    if row.peak_allocated_bytes > last.peak_allocated_bytes {
+        last.peak_allocated_bytes = row.peak_allocated_bytes;
+        last.peak_event_index = row.peak_event_index;
+        last.peak_categories = row.peak_categories;
+    }
+    last.last_event = row.last_event;
+    last.end_allocated_bytes = row.end_allocated_bytes;
+    last.iteration_end_allocated_bytes
+        .extend(row.iteration_end_allocated_bytes);
 }
 
 /// Allocated bytes at the end of each loop iteration of a pipeline step: an iteration ends

@@ -347,16 +347,17 @@ fn outlier_pages(
             .max()
             .unwrap_or(0)
     };
-    let mut peaks: Vec<u64> = summaries.iter().map(peak).collect();
-    peaks.sort_unstable();
-    let median = peaks
-        .get(peaks.len().saturating_sub(1) / 2)
+    let peaks: Vec<u64> = summaries.iter().map(peak).collect();
+    let mut sorted = peaks.clone();
+    sorted.sort_unstable();
+    let median = sorted
+        .get(sorted.len().saturating_sub(1) / 2)
         .copied()
         .unwrap_or(0);
     let mut order: Vec<usize> = (0..summaries.len())
         .filter(|&i| summaries[i].snapshot.is_some())
         .collect();
-    order.sort_by_key(|&i| (std::cmp::Reverse(peak(&summaries[i]).abs_diff(median)), i));
+    order.sort_by_key(|&i| (std::cmp::Reverse(peaks[i].abs_diff(median)), i));
     let folder = out.parent().unwrap_or(Path::new(""));
     let fleet_stem = super::stem(out);
     for i in order.into_iter().take(n) {
