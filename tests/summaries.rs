@@ -23,6 +23,30 @@ fn rows(json: &str) -> Vec<serde_json::Value> {
     value["rows"].as_array().unwrap().clone()
 }
 
+/// Sets a file's modification time (a pickle older or newer than its summary).
+fn set_modified(path: &std::path::Path, time: std::time::SystemTime) {
+    fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(time)
+        .unwrap();
+}
+
+/// `compare --json FOLDER`, which must say it read the summaries of all `n` snapshots alone.
+fn compare_from_summaries(folder: &str, n: usize) -> std::process::Output {
+    let o = memsnap(&["compare", "--json", folder]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!(
+            "read the summaries written beside the {n} snapshots"
+        )),
+        "{}",
+        stderr(&o)
+    );
+    o
+}
+
 #[test]
 fn summaries_give_the_rank_table_of_the_snapshots() {
     let snapshots = pipeline_snapshots();
@@ -198,12 +222,7 @@ fn a_folder_of_ranks_with_fresh_summaries_is_compared_from_them_alone() {
         let name = copy.to_string_lossy().into_owned();
         let summary = format!("{}.summary.json", name.strip_suffix(".xz").unwrap());
         fs::write(&summary, ok(&["report", "--json", &name])).unwrap();
-        fs::File::options()
-            .write(true)
-            .open(&copy)
-            .unwrap()
-            .set_modified(old)
-            .unwrap();
+        set_modified(&copy, old);
         copies.push((copy, summary));
     }
     let folder = dir.path().to_string_lossy().into_owned();
@@ -214,13 +233,7 @@ fn a_folder_of_ranks_with_fresh_summaries_is_compared_from_them_alone() {
     let mut args = vec!["compare", "--json"];
     args.extend(truth.iter().map(|s| s.as_str()));
     let from_pickles = rows(&ok(&args));
-    let o = memsnap(&["compare", "--json", &folder]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("read the summaries written beside the 8 snapshots"),
-        "{}",
-        stderr(&o)
-    );
+    let o = compare_from_summaries(&folder, 8);
     let from_summaries = rows(&stdout(&o));
     assert_eq!(from_summaries.len(), 8);
     for (a, b) in from_pickles.iter().zip(&from_summaries) {
@@ -231,21 +244,14 @@ fn a_folder_of_ranks_with_fresh_summaries_is_compared_from_them_alone() {
     // no pickle is read: a ruined one (older than its summary) changes nothing
     let (pickle, _) = &copies[3];
     fs::write(pickle, b"not a pickle").unwrap();
-    fs::File::options()
-        .write(true)
-        .open(pickle)
-        .unwrap()
-        .set_modified(old)
-        .unwrap();
+    set_modified(pickle, old);
     assert_eq!(rows(&ok(&["compare", "--json", &folder])).len(), 8);
     // a pickle newer than its summary: the pickles are read (and the ruined one says so)
     let (pickle, _) = &copies[5];
-    fs::File::options()
-        .write(true)
-        .open(pickle)
-        .unwrap()
-        .set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(60))
-        .unwrap();
+    set_modified(
+        pickle,
+        std::time::SystemTime::now() + std::time::Duration::from_secs(60),
+    );
     let o = memsnap(&["compare", "--json", &folder]);
     assert!(
         stderr(&o)
@@ -277,22 +283,11 @@ fn eight_torchrun_ranks_compare_from_the_summaries_they_wrote() {
         fs::copy(&p, &copy).unwrap();
         if name.ends_with(".pickle.xz") {
             // the pickles older than the summaries written after them
-            fs::File::options()
-                .write(true)
-                .open(&copy)
-                .unwrap()
-                .set_modified(old)
-                .unwrap();
+            set_modified(&copy, old);
         }
     }
     let folder = dir.path().to_string_lossy().into_owned();
-    let o = memsnap(&["compare", "--json", &folder]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("read the summaries written beside the 8 snapshots"),
-        "{}",
-        stderr(&o)
-    );
+    let o = compare_from_summaries(&folder, 8);
     let table = rows(&stdout(&o));
     assert_eq!(table.len(), 8);
     for r in &table {

@@ -727,6 +727,22 @@ fn slots_in_names_and_titles_stay_text() {
     }
 }
 
+/// Runs a page script (`fleet.mjs`, `diff.mjs`) on `page`: what it saw, after checking that
+/// the page made no console error, no page error and no request.
+fn open_page(script: &Path, page: &Path) -> Value {
+    let out = Command::new("node").arg(script).arg(page).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in ["consoleErrors", "pageErrors", "requests"] {
+        assert_eq!(r[key], serde_json::json!([]), "{key}: {r}");
+    }
+    r
+}
+
 /// A fleet page of 4,096 ranks, from summaries: one real rank's `report --json` copied with
 /// its peak varied (rank 1234 far above the rest), as a job of that size leaves them. Loads
 /// without error or request, within 5 MB and 1 s of painting, the outlier first.
@@ -766,20 +782,7 @@ fn a_fleet_page_of_thousands_of_ranks_puts_the_outlier_first() {
     assert!(o.status.success(), "{}", stderr(&o));
     let size = std::fs::metadata(&page).unwrap().len();
     assert!(size < 5_000_000, "{size} bytes");
-    let out = Command::new("node")
-        .arg(&script)
-        .arg(&page)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
-    for key in ["consoleErrors", "pageErrors", "requests"] {
-        assert_eq!(r[key], serde_json::json!([]), "{key}: {r}");
-    }
+    let r = open_page(&script, &page);
     assert_eq!(r["rows"], 4096);
     assert!(r["paintMs"].as_f64().unwrap() < 1000.0, "{r}");
     assert_eq!(r["first"][0]["rank"], 1234, "the outlier first: {r}");
@@ -872,20 +875,7 @@ fn a_diff_page_draws_both_runs_and_the_picked_cause() {
     let d = json(&["diff", base, new]);
     let size = std::fs::metadata(&page).unwrap().len();
     assert!(size < 1_000_000, "{size} bytes");
-    let out = Command::new("node")
-        .arg(&script)
-        .arg(&page)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
-    for key in ["consoleErrors", "pageErrors", "requests"] {
-        assert_eq!(r[key], serde_json::json!([]), "{key}: {r}");
-    }
+    let r = open_page(&script, &page);
     assert!(r["paintMs"].as_f64().unwrap() < 1000.0, "{r}");
     assert_eq!(r["peaks"][0], d["base"]["peak_allocated_bytes"], "{r}");
     assert_eq!(r["peaks"][1], d["new"]["peak_allocated_bytes"], "{r}");

@@ -6,17 +6,14 @@
 // JOBS.json: [{"page": "a.html", "out": "DIR", "interact": true, "ranks": false}, ...]. Without
 // interact only loading is checked (first paint, errors, requests, the figures shown, the
 // peak's breakdown); screenshots go to `out` when it is given.
-import { chromium } from "playwright-core";
 import path from "node:path";
 
 import fs from "node:fs";
 
+import { launch } from "./browser.mjs";
+
 const jobs = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
-const browser = await chromium.launch({
-  executablePath: process.env.MEMSNAP_CHROMIUM || "/usr/bin/chromium",
-  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"],
-});
+const browser = await launch();
 let url = null;
 let result = null;
 

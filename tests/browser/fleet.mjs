@@ -3,22 +3,15 @@
 // column, and what a click on a rank says.
 //
 //   node fleet.mjs PAGE.html
-import { chromium } from "playwright-core";
 import path from "node:path";
 
+import { launch, watchedPage } from "./browser.mjs";
+
 const url = "file://" + path.resolve(process.argv[2]);
-const browser = await chromium.launch({
-  executablePath: process.env.MEMSNAP_CHROMIUM || "/usr/bin/chromium",
-  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"],
-});
+const browser = await launch();
 const result = { consoleErrors: [], pageErrors: [], requests: [] };
 try {
-  const context = await browser.newContext({ viewport: { width: 1280, height: 720 }, deviceScaleFactor: 1 });
-  const page = await context.newPage();
-  page.on("console", (m) => { if (m.type() === "error" || m.type() === "warning") result.consoleErrors.push(m.type() + ": " + m.text()); });
-  page.on("pageerror", (e) => result.pageErrors.push(String(e)));
-  page.on("request", (r) => { if (r.url() !== url) result.requests.push(r.url()); });
+  const page = await watchedPage(browser, url, { width: 1280, height: 720 }, result);
   const t0 = Date.now();
   await page.goto(url, { waitUntil: "load" });
   await page.waitForFunction(() => window.memsnapFleet && window.memsnapFleet.ready, null, { timeout: 20000 });
