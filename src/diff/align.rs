@@ -17,6 +17,13 @@
 //! allocations is a *gap*; a block whose free falls in the same gap in both runs lives as
 //! long in both.
 //!
+//! Allocations without frames (the autograd thread's, in backward) all share one token per
+//! stream, so the diff pairs them by position alone. Between two aligned allocations that have
+//! frames, they are aligned again by token and requested size first, then by token alone in
+//! what is left ([`refine_frameless`]): a gradient the new run adds in backward then stays a
+//! new block rather than shifting every later backward allocation onto its neighbour, while a
+//! larger batch, whose sizes all differ, still pairs them in order.
+//!
 //! Blocks alive before recording started have no allocation to align: they are paired by
 //! size, in the order they were freed.
 
@@ -24,7 +31,9 @@ use std::collections::HashMap;
 
 use rustc_hash::FxHashMap;
 use std::hash::{Hash, Hasher};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use similar::{capture_diff_slices_deadline, Algorithm, DiffOp};
 
 use rustc_hash::FxHasher;
 
@@ -93,13 +102,29 @@ pub struct Aligned {
     pub complete: bool,
 }
 
-/// The alignment tokens of a run's allocations, with the allocations' event indices.
-fn tokens(a: &DeviceAnalysis) -> (Vec<u64>, Vec<usize>) {
+/// A run's allocations as the alignment sees them.
+struct Tokens {
+    /// Stream and call site, hashed.
+    token: Vec<u64>,
+    /// The trace event of each allocation.
+    events: Vec<usize>,
+    /// The bytes it asked for.
+    size: Vec<u64>,
+    /// Whether its stack has no frames.
+    frameless: Vec<bool>,
+}
+
+/// The alignment tokens of a run's allocations.
+fn tokens(a: &DeviceAnalysis) -> Tokens {
     let snap = a.snap;
     let mut sites: FxHashMap<crate::snapshot::StackId, u64> = FxHashMap::default();
     let mut streams: FxHashMap<i64, u64> = FxHashMap::default();
-    let mut tokens = Vec::new();
-    let mut events = Vec::new();
+    let mut out = Tokens {
+        token: Vec::new(),
+        events: Vec::new(),
+        size: Vec::new(),
+        frameless: Vec::new(),
+    };
     for (i, e) in snap.trace(a.device()).iter().enumerate() {
         if e.action != Action::Alloc {
             continue;
@@ -117,10 +142,107 @@ fn tokens(a: &DeviceAnalysis) -> (Vec<u64>, Vec<usize>) {
         let stream = *streams.entry(e.stream).or_insert(next);
         let mut h = FxHasher::default();
         (site, stream).hash(&mut h);
-        tokens.push(h.finish());
-        events.push(i);
+        out.token.push(h.finish());
+        out.events.push(i);
+        out.size.push(e.size);
+        out.frameless
+            .push(snap.stacks.frames(e.stack).next().is_none());
     }
-    (tokens, events)
+    out
+}
+
+/// The diff's pairs with the allocations without frames aligned again, between each two
+/// aligned allocations with frames: by token and size first, then by token alone in the
+/// stretches between those (see the module doc). Pairs stay in order in both runs.
+fn refine_frameless(
+    pairs: Vec<(usize, usize)>,
+    b: &Tokens,
+    n: &Tokens,
+    deadline: Instant,
+) -> Vec<(usize, usize)> {
+    if !b.frameless.iter().any(|&f| f) || !n.frameless.iter().any(|&f| f) {
+        return pairs;
+    }
+    let mut out = Vec::with_capacity(pairs.len());
+    // the window after the last anchor, from (start_b, start_n)
+    let mut start = (0usize, 0usize);
+    let anchors = pairs
+        .iter()
+        .copied()
+        .filter(|&(kb, _)| !b.frameless[kb])
+        .chain(std::iter::once((b.token.len(), n.token.len())));
+    for (end_b, end_n) in anchors {
+        let wb: Vec<usize> = (start.0..end_b).filter(|&k| b.frameless[k]).collect();
+        let wn: Vec<usize> = (start.1..end_n).filter(|&k| n.frameless[k]).collect();
+        if !wb.is_empty() && !wn.is_empty() {
+            out.extend(window_pairs(&wb, &wn, b, n, deadline));
+        }
+        if end_b < b.token.len() {
+            out.push((end_b, end_n));
+        }
+        start = (end_b + 1, end_n + 1);
+    }
+    out
+}
+
+/// One window's allocations without frames paired: equal token and size, then equal token.
+fn window_pairs(
+    wb: &[usize],
+    wn: &[usize],
+    b: &Tokens,
+    n: &Tokens,
+    deadline: Instant,
+) -> Vec<(usize, usize)> {
+    let sized = |t: &Tokens, k: usize| {
+        let mut h = FxHasher::default();
+        (t.token[k], t.size[k]).hash(&mut h);
+        h.finish()
+    };
+    let kb: Vec<u64> = wb.iter().map(|&k| sized(b, k)).collect();
+    let kn: Vec<u64> = wn.iter().map(|&k| sized(n, k)).collect();
+    let exact = equal_runs(&kb, &kn, deadline);
+    let mut out = Vec::with_capacity(wb.len().min(wn.len()));
+    let mut from = (0usize, 0usize);
+    for stop in exact
+        .iter()
+        .copied()
+        .chain(std::iter::once((wb.len(), wn.len())))
+    {
+        // the stretch between two exact pairs, by token alone
+        let tb: Vec<u64> = wb[from.0..stop.0].iter().map(|&k| b.token[k]).collect();
+        let tn: Vec<u64> = wn[from.1..stop.1].iter().map(|&k| n.token[k]).collect();
+        if !tb.is_empty() && !tn.is_empty() {
+            out.extend(
+                equal_runs(&tb, &tn, deadline)
+                    .into_iter()
+                    .map(|(x, y)| (wb[from.0 + x], wn[from.1 + y])),
+            );
+        }
+        if stop.0 < wb.len() {
+            out.push((wb[stop.0], wn[stop.1]));
+        }
+        from = (stop.0 + 1, stop.1 + 1);
+    }
+    out
+}
+
+/// The Myers diff's equal elements of two sequences, as index pairs in order.
+fn equal_runs(a: &[u64], b: &[u64], deadline: Instant) -> Vec<(usize, usize)> {
+    if a == b {
+        return (0..a.len()).map(|k| (k, k)).collect();
+    }
+    let mut out = Vec::new();
+    for op in capture_diff_slices_deadline(Algorithm::Myers, a, b, Some(deadline)) {
+        if let DiffOp::Equal {
+            old_index,
+            new_index,
+            len,
+        } = op
+        {
+            out.extend((0..len).map(|k| (old_index + k, new_index + k)));
+        }
+    }
+    out
 }
 
 /// Which events of a run change its allocated bytes: allocations and the frees of blocks.
@@ -218,11 +340,18 @@ fn blocks(a: &DeviceAnalysis, placed: &Placed, positions: u32) -> Vec<Block> {
 
 /// Aligns the new run with the base run and lays both on one timeline.
 pub fn align(base: &DeviceAnalysis, new: &DeviceAnalysis) -> Aligned {
-    let ((tb, eb), (tn, en)) = rayon::join(|| tokens(base), || tokens(new));
+    let (tb, tn) = rayon::join(|| tokens(base), || tokens(new));
     let ((pairs, complete), (mut pb, mut pn)) = rayon::join(
-        || crate::simulate::scale::equal_pairs(&tb, &tn, DIFF_DEADLINE),
+        || {
+            let start = Instant::now();
+            let (pairs, complete) =
+                crate::simulate::scale::equal_pairs(&tb.token, &tn.token, DIFF_DEADLINE);
+            let pairs = refine_frameless(pairs, &tb, &tn, start + DIFF_DEADLINE * 2);
+            (pairs, complete)
+        },
         || rayon::join(|| Placed::new(base), || Placed::new(new)),
     );
+    let (eb, en) = (&tb.events, &tn.events);
     // position 0 is recording start, before every event
     let mut pos = 1u32;
     for (gap, &(kb, kn)) in pairs.iter().enumerate() {

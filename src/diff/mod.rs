@@ -108,6 +108,10 @@ pub struct Cause {
     /// block added (`+1`); the page draws them (not in the JSON).
     #[serde(skip)]
     pub spans: Vec<(Span, i64)>,
+    /// Where this cause is one change made of several: those causes, largest first (their
+    /// effects add up to this one's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<Cause>,
 }
 
 /// One run's figures.
@@ -548,7 +552,9 @@ pub fn diff(base: &DeviceAnalysis, new: &DeviceAnalysis, files: (&str, &str)) ->
     let sites = shared_sites(base, new, &aligned, &mut kb, &mut kn);
     let (mut groups, mut order) = gather(base, new, &aligned, (&mut kb, &mut kn), &sites);
     merge_replaced(&mut groups, &mut order);
-    let (causes, exact, timeline) = effects_on_the_peak(base, new, &aligned, &groups, &order);
+    let scaled = scaling(&groups).map(|s| (s.ratio * 100.0).round() as u64);
+    let (causes, exact, timeline) =
+        effects_on_the_peak(base, new, &aligned, &groups, &order, scaled);
     let mut causes = causes;
     let side = |a: &DeviceAnalysis, file: &str, requests: usize| Side {
         file: file.to_string(),
@@ -601,6 +607,16 @@ pub fn diff(base: &DeviceAnalysis, new: &DeviceAnalysis, files: (&str, &str)) ->
                 "activations are freed in forward and recomputed in backward"
             }
         ));
+    }
+    if rb > 0 && rn == 0 {
+        // the change that keeps activations until backward is the checkpointing switched off
+        if let Some(c) = causes.iter_mut().find(|c| {
+            c.kind == Kind::Life
+                && c.category.contains("activation")
+                && c.what.contains("now alive until backward")
+        }) {
+            c.what = format!("activation checkpointing off: {}", c.what);
+        }
     }
     Diff {
         notes,
@@ -713,10 +729,18 @@ fn gather(
                 if kind == Kind::Allocator {
                     k = Keys::allocator();
                 }
-                if kind == Kind::Life && y.freed_by.is_none() && x.freed_by.is_some() {
-                    // a block now never freed has no life of its own to tell its category by
-                    // (it reads as kept to the end): the base run's says what it was
-                    k.category = keys(base, kb, &mut cb, x).category;
+                if kind == Kind::Life {
+                    let was = keys(base, kb, &mut cb, x).category;
+                    if (y.freed_by.is_none() && x.freed_by.is_some())
+                        || (MODEL_STATE.contains(&was.as_str())
+                            && !MODEL_STATE.contains(&k.category.as_str()))
+                    {
+                        // a block now never freed has no life of its own to tell its category
+                        // by (it reads as kept to the end), and a gradient now freed in
+                        // backward (accumulated into a kept one) reads as a temporary: the
+                        // base run's says what it was
+                        k.category = was;
+                    }
                 }
                 if x.free_gap != y.free_gap {
                     let ends = (end_place(base, kb, x), end_place(new, kn, y));
@@ -791,7 +815,14 @@ fn gather(
                 g.bytes.0 += x.span.bytes;
                 g.bytes.1 += y.span.bytes;
                 if x.requested != y.requested && x.span.bytes > 0 {
-                    let ratio = (y.span.bytes as u128 * 100 / x.span.bytes as u128) as u64;
+                    // of the sizes asked for where both are known (a block's rounding would
+                    // blur a batch's ratio on small blocks), else of the blocks
+                    let (from, to) = if x.requested > 0 && y.requested > 0 {
+                        (x.requested, y.requested)
+                    } else {
+                        (x.span.bytes, y.span.bytes)
+                    };
+                    let ratio = (to as u128 * 100 / from as u128) as u64;
                     let e = g.ratios.entry(ratio).or_default();
                     e.0 += 1;
                     e.1 += x.span.bytes.abs_diff(y.span.bytes);
@@ -818,15 +849,93 @@ fn gather(
     (groups, order)
 }
 
-/// Each cause's effect on the peak: applied alone to the base run, then one after the other
-/// (largest alone first), so that the effects add up to the change of the peak. Also whether
-/// both runs' peaks rebuilt on the shared timeline are their replayed peaks.
+/// Categories that make the model's state: what one parameter brings, whose gradient and
+/// optimizer state change with it.
+const MODEL_STATE: [&str; 3] = ["parameter", "gradient", "optimizer state"];
+
+/// What ties the causes of one change together ([`bundles`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Bundle {
+    /// Sizes changed by the ratio most size changes share.
+    Scaled,
+    /// Parameters, their gradients and optimizer state.
+    ModelState,
+    /// The numbered layers of one stack (the module without its number).
+    Layers(String),
+    /// One kind at one call site, over steps and categories.
+    Site(Kind, String),
+    /// A cause on its own.
+    Alone(usize),
+}
+
+/// The numbered layer a cause's blocks were allocated in, without its number, where all of its
+/// modules are layers of one stack.
+fn layer_key(g: &Gathered) -> Option<String> {
+    let mut key = None;
+    for m in &g.modules {
+        let (root, k) = module_root(m);
+        if root == *m && k == *m {
+            return None;
+        }
+        match &key {
+            None => key = Some(k),
+            Some(x) if *x == k => {}
+            Some(_) => return None,
+        }
+    }
+    key
+}
+
+/// The causes grouped into changes: each cause joins the first of these it fits, so that a
+/// cause is in one change and no chain of likenesses joins unrelated ones: sizes scaled by
+/// the common ratio (a larger batch), the model's state (a parameter and what it brings), the
+/// layers of one stack (checkpointing switched, an attention function replaced), one kind at
+/// one site over steps (the gradients that `zero_grad` no longer frees, each step).
+fn bundles(
+    groups: &BTreeMap<Key, Gathered>,
+    order: &[Key],
+    scaled: Option<u64>,
+) -> Vec<(Bundle, Vec<usize>)> {
+    let mut out: Vec<(Bundle, Vec<usize>)> = Vec::new();
+    let mut at: HashMap<Bundle, usize> = HashMap::new();
+    for (k, key) in order.iter().enumerate() {
+        let g = &groups[key];
+        let kind = key.0;
+        let ratio = g.ratios.iter().max_by_key(|(r, (n, b))| (*b, *n, **r));
+        let near = |r: u64| ratio.is_some_and(|(&own, _)| own.abs_diff(r) * 100 <= 5 * r);
+        let bundle = if matches!(kind, Kind::Allocator | Kind::BeforeRecording) {
+            Bundle::Alone(k)
+        } else if kind == Kind::Size && scaled.is_some_and(near) {
+            Bundle::Scaled
+        } else if MODEL_STATE.contains(&key.2.as_str()) {
+            Bundle::ModelState
+        } else if let Some(layer) = layer_key(g) {
+            Bundle::Layers(layer)
+        } else {
+            Bundle::Site(kind, key.1.clone())
+        };
+        match at.get(&bundle) {
+            Some(&i) => out[i].1.push(k),
+            None => {
+                at.insert(bundle.clone(), out.len());
+                out.push((bundle, vec![k]));
+            }
+        }
+    }
+    out
+}
+
+/// Each change's effect on the peak, and each of its causes': applied alone to the base run,
+/// then one after the other (largest alone first; within a change, its causes largest alone
+/// first), so that the effects add up to the change of the peak. Also whether both runs'
+/// peaks rebuilt on the shared timeline are their replayed peaks.
 fn effects_on_the_peak(
     base: &DeviceAnalysis,
     new: &DeviceAnalysis,
     aligned: &align::Aligned,
     groups: &BTreeMap<Key, Gathered>,
     order: &[Key],
+    scaled: Option<u64>,
 ) -> (Vec<Cause>, bool, Timeline) {
     // the shared timeline: each run's peak rebuilt from its spans
     let n = aligned.positions;
@@ -850,24 +959,69 @@ fn effects_on_the_peak(
             after - before
         })
         .collect();
-    let mut by_alone: Vec<usize> = (0..order.len()).collect();
-    by_alone.sort_by_key(|&k| {
+    let changed = |k: usize| {
         let g = &groups[&order[k]];
+        g.bytes.0.abs_diff(g.bytes.1)
+    };
+    let mut changes = bundles(groups, order, scaled);
+    let change_alone: Vec<i64> = changes
+        .iter()
+        .map(|(_, parts)| {
+            if let [one] = parts[..] {
+                return alone[one];
+            }
+            let before = curve.max();
+            for &k in parts {
+                let g = &groups[&order[k]];
+                g.spans.iter().for_each(|(s, sign)| curve.apply(s, *sign));
+            }
+            let after = curve.max();
+            for &k in parts {
+                let g = &groups[&order[k]];
+                g.spans.iter().for_each(|(s, sign)| curve.apply(s, -sign));
+            }
+            after - before
+        })
+        .collect();
+    let mut by_alone: Vec<usize> = (0..changes.len()).collect();
+    by_alone.sort_by_key(|&c| {
+        let moved: u64 = changes[c].1.iter().map(|&k| changed(k)).sum();
         (
-            std::cmp::Reverse(alone[k].abs()),
-            std::cmp::Reverse(g.bytes.0.abs_diff(g.bytes.1)),
-            k,
+            std::cmp::Reverse(change_alone[c].abs()),
+            std::cmp::Reverse(moved),
+            c,
         )
     });
-    let mut causes = Vec::with_capacity(order.len());
-    for k in by_alone {
-        let key = &order[k];
-        let g = &groups[key];
-        let before = curve.max();
-        g.spans.iter().for_each(|(s, sign)| curve.apply(s, *sign));
-        let effect = curve.max() - before;
-        causes.push(cause(key, g, effect, alone[k]));
+    let mut causes = Vec::with_capacity(changes.len());
+    for c in by_alone {
+        let (bundle, parts) = &mut changes[c];
+        parts.sort_by_key(|&k| {
+            (
+                std::cmp::Reverse(alone[k].abs()),
+                std::cmp::Reverse(changed(k)),
+                k,
+            )
+        });
+        let mut made = Vec::with_capacity(parts.len());
+        for &k in parts.iter() {
+            let key = &order[k];
+            let g = &groups[key];
+            let before = curve.max();
+            g.spans.iter().for_each(|(s, sign)| curve.apply(s, *sign));
+            let effect = curve.max() - before;
+            made.push(cause(key, g, effect, alone[k]));
+        }
+        sort_causes(&mut made);
+        let members = (groups, order, &parts[..]);
+        causes.push(change(bundle, made, change_alone[c], members, scaled));
     }
+    sort_causes(&mut causes);
+
+    (causes, exact, timeline)
+}
+
+/// Largest effect first, then largest alone, then most bytes changed.
+fn sort_causes(causes: &mut [Cause]) {
     causes.sort_by_key(|c| {
         (
             std::cmp::Reverse(c.peak_effect_bytes.abs()),
@@ -875,8 +1029,109 @@ fn effects_on_the_peak(
             std::cmp::Reverse(c.bytes_base.abs_diff(c.bytes_new)),
         )
     });
+}
 
-    (causes, exact, timeline)
+/// One change made of its causes (sorted, largest first): a cause of its own where it has
+/// one, else the largest cause's site and module, the sums of all, and its causes as parts.
+fn change(
+    bundle: &Bundle,
+    mut parts: Vec<Cause>,
+    alone: i64,
+    members: (&BTreeMap<Key, Gathered>, &[Key], &[usize]),
+    scaled: Option<u64>,
+) -> Cause {
+    let (groups, order, members) = members;
+    if parts.len() == 1 {
+        return parts.remove(0);
+    }
+    let lead = &parts[0];
+    let mut out = Cause {
+        peak_effect_bytes: parts.iter().map(|p| p.peak_effect_bytes).sum(),
+        alone_effect_bytes: alone,
+        blocks_base: parts.iter().map(|p| p.blocks_base).sum(),
+        blocks_new: parts.iter().map(|p| p.blocks_new).sum(),
+        bytes_base: parts.iter().map(|p| p.bytes_base).sum(),
+        bytes_new: parts.iter().map(|p| p.bytes_new).sum(),
+        spans: parts.iter().flat_map(|p| p.spans.iter().copied()).collect(),
+        ..lead.clone()
+    };
+    let mut categories: Vec<&str> = Vec::new();
+    let mut steps: Vec<String> = Vec::new();
+    let mut phases: Vec<String> = Vec::new();
+    for &k in members {
+        let g = &groups[&order[k]];
+        for s in &g.steps {
+            if !steps.contains(s) {
+                steps.push(s.clone());
+            }
+        }
+        for p in &g.phases {
+            if !phases.contains(p) {
+                phases.push(p.clone());
+            }
+        }
+    }
+    // the categories of the causes that moved the peak (of all, where none did)
+    let moved = parts.iter().any(|p| p.peak_effect_bytes != 0);
+    for p in parts.iter().filter(|p| !moved || p.peak_effect_bytes != 0) {
+        if !categories.contains(&p.category.as_str()) {
+            categories.push(&p.category);
+        }
+    }
+    out.category = categories.join(", ");
+    out.step = span_text(&steps);
+    out.phase = phases.join(", ");
+    let bytes = crate::units::bytes;
+    let signed = |b: i64| crate::units::bytes_delta(b as i128);
+    let others = parts.len() - 1;
+    out.what = match bundle {
+        Bundle::Scaled => format!(
+            "sizes scaled ×{:.2} at {} sites ({} of {} → {}): a larger batch or sequence?",
+            scaled.unwrap_or(100) as f64 / 100.0,
+            parts.len(),
+            crate::units::counted(out.blocks_new, "block"),
+            bytes(out.bytes_base),
+            bytes(out.bytes_new)
+        ),
+        Bundle::ModelState => {
+            let mut by_category: Vec<(&str, i64)> = Vec::new();
+            for p in &parts {
+                match by_category.iter_mut().find(|(c, _)| *c == p.category) {
+                    Some(e) => e.1 += p.peak_effect_bytes,
+                    None => by_category.push((&p.category, p.peak_effect_bytes)),
+                }
+            }
+            let listed: Vec<String> = by_category
+                .iter()
+                .map(|(c, b)| format!("{c} {}", signed(*b)))
+                .collect();
+            if let [_] = listed[..] {
+                format!(
+                    "{}; and {} of the model's state",
+                    lead.what,
+                    crate::units::counted(others as u64, "more cause")
+                )
+            } else {
+                format!(
+                    "the model's state: {} on the peak, {}",
+                    listed.join(", "),
+                    crate::units::counted(parts.len() as u64, "cause")
+                )
+            }
+        }
+        Bundle::Layers(_) => format!(
+            "{}; and {} in the same layers",
+            lead.what,
+            crate::units::counted(others as u64, "more cause")
+        ),
+        Bundle::Site(..) | Bundle::Alone(_) => format!(
+            "{}; and {} at this site",
+            lead.what,
+            crate::units::counted(others as u64, "more cause")
+        ),
+    };
+    out.parts = parts;
+    out
 }
 
 /// The caller of a site: all its frames but the innermost.
@@ -1140,6 +1395,7 @@ fn cause(key: &Key, g: &Gathered, effect: i64, alone: i64) -> Cause {
         what,
         reserved_effect_bytes: None,
         spans: g.spans.clone(),
+        parts: Vec::new(),
     }
 }
 
@@ -1255,6 +1511,7 @@ fn allocator_cause(
         what,
         reserved_effect_bytes: effect,
         spans: Vec::new(),
+        parts: Vec::new(),
     })
 }
 

@@ -117,19 +117,56 @@ pub fn write(out: &mut Out, d: &Diff, top: usize, chart: Option<&str>) -> io::Re
             c.set_cell_alignment(comfy_table::CellAlignment::Right);
         }
         let shown = requests.len().min(top.max(1));
-        for c in &requests[..shown] {
-            t.add_row(vec![
-                units::bytes_delta(c.peak_effect_bytes as i128),
-                c.kind.as_str().replace('_', " "),
-                if out.markdown {
-                    out.text(&c.what)
+        let row = |c: &crate::diff::Cause, part: bool| {
+            let what = if out.markdown {
+                out.text(&c.what)
+            } else {
+                wrap(&out.text(&c.what), 52, 2)
+            };
+            let effect = units::bytes_delta(c.peak_effect_bytes as i128);
+            vec![
+                if part {
+                    format!("↳ {effect}")
                 } else {
-                    wrap(&out.text(&c.what), 52, 2)
+                    effect
                 },
+                c.kind.as_str().replace('_', " "),
+                what,
                 join(&shorten_left(&c.site, 44), &shorten_left(&c.module, 44)),
                 out.text(&c.category),
                 join(&shorten_right(&c.step, 24), &c.phase),
-            ]);
+            ]
+        };
+        for c in &requests[..shown] {
+            t.add_row(row(c, false));
+            // a change of several causes: those that moved the peak, largest first
+            let moved: Vec<_> = c
+                .parts
+                .iter()
+                .filter(|p| p.peak_effect_bytes != 0)
+                .collect();
+            for p in moved.iter().take(PARTS_SHOWN) {
+                t.add_row(row(p, true));
+            }
+            let rest = c.parts.len() - moved.len().min(PARTS_SHOWN);
+            if !c.parts.is_empty() && rest > 0 {
+                let effect: i64 = moved
+                    .iter()
+                    .skip(PARTS_SHOWN)
+                    .map(|p| p.peak_effect_bytes)
+                    .sum();
+                t.add_row(vec![
+                    format!("↳ {}", units::bytes_delta(effect as i128)),
+                    String::new(),
+                    format!(
+                        "{} in this change",
+                        units::counted(rest as u64, "more cause")
+                    ),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                ]);
+            }
         }
         if requests.len() > shown {
             let rest = &requests[shown..];
@@ -196,6 +233,9 @@ pub fn write(out: &mut Out, d: &Diff, top: usize, chart: Option<&str>) -> io::Re
     }
     Ok(())
 }
+
+/// Causes of one change listed under it (those that moved the peak).
+const PARTS_SHOWN: usize = 3;
 
 /// A text in lines of at most `width` characters, broken at spaces, `lines` at most (the last
 /// shortened).
