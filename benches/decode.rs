@@ -16,7 +16,8 @@
 //!
 //! with ratios, and peak memory (maximum resident set size) against the pickle's size. For the
 //! second file also `memsnap compare` of two such ranks (each decoded on one thread, side by
-//! side; on four or more cores `report` decodes the second file in parts). With
+//! side; on four or more cores `report` decodes the second file in parts), and in alternation
+//! with it `memsnap diff` of the same two. With
 //! `MEMSNAP_BENCH_RANKS=FOLDER`, the first two snapshots of that folder (two ranks of a real
 //! recording, such as config G of `../shared/snapgen/run_all.sh`) are used instead of the
 //! repeated trace. Then it times the
@@ -198,20 +199,29 @@ fn at_scale(shared: &Path, dir: &Path) {
         &format!("stacks=\"all\", {events} events ({what})"),
         &files[0],
     );
-    let mut times = Vec::new();
+    // compare and diff of the two ranks, in alternation
+    let (mut compare, mut diff) = (Vec::new(), Vec::new());
     for _ in 0..RUNS {
-        let t = Instant::now();
-        let out = Command::new(env!("CARGO_BIN_EXE_memsnap"))
-            .arg("compare")
-            .args(&files)
-            .output()
-            .expect("memsnap runs");
-        times.push(t.elapsed());
-        assert!(out.status.success());
+        for (command, times) in [("compare", &mut compare), ("diff", &mut diff)] {
+            let t = Instant::now();
+            let out = Command::new(env!("CARGO_BIN_EXE_memsnap"))
+                .arg(command)
+                .args(&files)
+                .output()
+                .expect("memsnap runs");
+            times.push(t.elapsed());
+            assert!(out.status.success(), "{command}");
+        }
     }
+    let (compare, diff) = (median(compare), median(diff));
     println!(
         "memsnap compare of the two ranks: {:>8.1} ms",
-        median(times).as_secs_f64() * 1e3
+        compare.as_secs_f64() * 1e3
+    );
+    println!(
+        "memsnap diff of the two ranks:    {:>8.1} ms  ({:.2}x compare)",
+        diff.as_secs_f64() * 1e3,
+        diff.as_secs_f64() / compare.as_secs_f64()
     );
 }
 

@@ -147,6 +147,25 @@ pub fn analyse_device<'s>(
     device: u32,
     options: &Options,
 ) -> DeviceAnalysis<'s> {
+    analyse_one(snap, device, options, true)
+}
+
+/// A device's replay and labels, without the peak's breakdown and the step table (left
+/// empty): for what reads the events alone, such as a diff.
+pub fn analyse_events<'s>(
+    snap: &'s Snapshot,
+    device: u32,
+    options: &Options,
+) -> DeviceAnalysis<'s> {
+    analyse_one(snap, device, options, false)
+}
+
+fn analyse_one<'s>(
+    snap: &'s Snapshot,
+    device: u32,
+    options: &Options,
+    tables: bool,
+) -> DeviceAnalysis<'s> {
     // The events are labelled (all but their categories) on another core, where one is free,
     // while the replay runs: the labels need only what the replay knows before it starts.
     let prepared = replay::prepare(snap, device, options.model);
@@ -156,6 +175,16 @@ pub fn analyse_device<'s>(
         || attribute::label(snap, &preview, &options.attribution),
     );
     let attribution = labelled.finish(snap, &replay, &options.attribution);
+    if !tables {
+        return DeviceAnalysis {
+            snap,
+            peak_place: peak_place(snap, &replay, &attribution),
+            peak_breakdown: Vec::new(),
+            steps: Vec::new(),
+            replay,
+            attribution,
+        };
+    }
     // the peak's breakdown and the step table each read the whole trace: side by side too
     let ((peak_breakdown, peak_place), steps) = rayon::join(
         || {

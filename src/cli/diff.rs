@@ -294,9 +294,15 @@ fn load<'s>(
     path: &Path,
     device: Option<u32>,
     options: &analysis::Options,
+    tables: bool,
 ) -> Result<analysis::DeviceAnalysis<'s>, memsnap::Error> {
     let d = super::device(snap, device, path)?;
-    let a = analysis::analyse_device(snap, d, options);
+    // the breakdowns and step tables only for the chart
+    let a = if tables {
+        analysis::analyse_device(snap, d, options)
+    } else {
+        analysis::analyse_events(snap, d, options)
+    };
     super::within_memory(path)?;
     Ok(a)
 }
@@ -320,8 +326,8 @@ pub fn run(args: DiffArgs) -> Result<(), Failure> {
         let (sb, sn) = rayon::join(|| super::load(pb), || super::load(pn));
         let (sb, sn) = (sb?, sn?);
         let (ab, an) = rayon::join(
-            || load(&sb, pb, args.device, &options),
-            || load(&sn, pn, args.device, &options),
+            || load(&sb, pb, args.device, &options, args.png.is_some()),
+            || load(&sn, pn, args.device, &options, args.png.is_some()),
         );
         let (ab, an) = (ab?, an?);
         let d = memsnap::diff::diff(

@@ -7,6 +7,9 @@
 //! here because the one operation needed (add to a range, read the global maximum) is a few
 //! lines, where a general-purpose tree crate would bring generic monoids for nothing.
 
+/// Bytes added over a half-open range of positions: `(start, end, bytes)`.
+pub type Range = (u32, u32, i64);
+
 /// A half-open range of positions `[start, end)` holding `bytes` more (or fewer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Span {
@@ -19,6 +22,7 @@ pub struct Span {
 }
 
 /// Allocated bytes at every position, with their maximum.
+#[derive(Clone)]
 pub struct Curve {
     /// Leaves (a power of two, at least the positions).
     size: usize,
@@ -52,34 +56,105 @@ impl Curve {
         self.max[1]
     }
 
-    /// Adds `delta` to every position in `[start, end)`.
+    /// Adds `delta` to every position in `[start, end)`: the nodes that cover the range
+    /// exactly, found bottom-up, then the maxima above the range's two ends rebuilt.
     pub fn add(&mut self, start: u32, end: u32, delta: i64) {
         let (start, end) = (start as usize, (end as usize).min(self.size));
         if start >= end || delta == 0 {
             return;
         }
-        self.add_in(1, 0, self.size, start, end, delta);
+        let (mut l, mut r) = (start + self.size, end + self.size);
+        let (first, last) = (l, r - 1);
+        while l < r {
+            if l & 1 == 1 {
+                self.add[l] += delta;
+                self.max[l] += delta;
+                l += 1;
+            }
+            if r & 1 == 1 {
+                r -= 1;
+                self.add[r] += delta;
+                self.max[r] += delta;
+            }
+            l >>= 1;
+            r >>= 1;
+        }
+        self.rebuild(first);
+        self.rebuild(last);
     }
 
-    fn add_in(&mut self, node: usize, lo: usize, hi: usize, start: usize, end: usize, d: i64) {
-        if end <= lo || hi <= start {
-            return;
+    /// The maxima of the nodes above leaf `node`, from their children.
+    fn rebuild(&mut self, mut node: usize) {
+        node >>= 1;
+        while node >= 1 {
+            self.max[node] = self.max[2 * node].max(self.max[2 * node + 1]) + self.add[node];
+            node >>= 1;
         }
-        if start <= lo && hi <= end {
-            self.add[node] += d;
-            self.max[node] += d;
-            return;
-        }
-        let mid = (lo + hi) / 2;
-        self.add_in(2 * node, lo, mid, start, end, d);
-        self.add_in(2 * node + 1, mid, hi, start, end, d);
-        self.max[node] = self.max[2 * node].max(self.max[2 * node + 1]) + self.add[node];
     }
 
     /// Takes `span` away (`sign` -1) or puts it in (`sign` 1).
     pub fn apply(&mut self, span: &Span, sign: i64) {
         self.add(span.start, span.end, sign * span.bytes as i64);
     }
+}
+
+/// How much each set of ranges would move the curve's maximum, applied alone. The sets are
+/// shared among the threads, each on its own copy of the curve, in runs of about equal work.
+pub fn alone(curve: &Curve, sets: &[Vec<&[Range]>]) -> Vec<i64> {
+    use rayon::prelude::*;
+    let work = |set: &Vec<&[Range]>| set.iter().map(|r| r.len()).sum::<usize>() + 1;
+    let total: usize = sets.iter().map(work).sum();
+    let threads = rayon::current_num_threads().max(1);
+    // cut where the work done so far passes each thread's share
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    let (mut start, mut done) = (0, 0);
+    for (k, set) in sets.iter().enumerate() {
+        done += work(set);
+        if done * threads >= total * (runs.len() + 1) || k + 1 == sets.len() {
+            runs.push(start..k + 1);
+            start = k + 1;
+        }
+    }
+    let parts: Vec<Vec<i64>> = runs
+        .into_par_iter()
+        .map(|run| {
+            let mut c = curve.clone();
+            sets[run]
+                .iter()
+                .map(|set| {
+                    let before = c.max();
+                    set.iter()
+                        .for_each(|r| r.iter().for_each(|&(a, b, d)| c.add(a, b, d)));
+                    let after = c.max();
+                    set.iter()
+                        .for_each(|r| r.iter().for_each(|&(a, b, d)| c.add(a, b, -d)));
+                    after - before
+                })
+                .collect()
+        })
+        .collect();
+    parts.concat()
+}
+
+/// What replacing block `x` with block `y` adds at each position, as ranges and bytes, where
+/// both start at one position (an aligned pair): the common part's change of size, then the
+/// longer block's tail. Blocks that start apart are taken away and put in whole.
+pub fn net(x: &Span, y: &Span) -> Vec<Range> {
+    let (bx, by) = (x.bytes as i64, y.bytes as i64);
+    if x.start != y.start {
+        return vec![(x.start, x.end, -bx), (y.start, y.end, by)];
+    }
+    let common = x.end.min(y.end);
+    let mut out = Vec::with_capacity(2);
+    if by != bx && x.start < common {
+        out.push((x.start, common, by - bx));
+    }
+    if y.end > common {
+        out.push((common, y.end, by));
+    } else if x.end > common {
+        out.push((common, x.end, -bx));
+    }
+    out
 }
 
 /// The value at every position of spans laid over `positions` positions, from their start
@@ -158,6 +233,35 @@ mod tests {
                     "positions {positions}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_pairs_net_change_is_both_blocks_swapped() {
+        let span = |start, end, bytes| Span { start, end, bytes };
+        let cases = [
+            (span(2, 9, 5), span(2, 5, 5)),
+            (span(2, 5, 5), span(2, 9, 8)),
+            (span(2, 9, 8), span(2, 9, 3)),
+            (span(2, 9, 8), span(2, 4, 3)),
+            (span(1, 3, 4), span(6, 9, 4)),
+            (span(3, 3, 4), span(3, 7, 4)),
+        ];
+        for (x, y) in cases {
+            let mut swapped = vec![0i64; 10];
+            let mut netted = vec![0i64; 10];
+            for p in x.start..x.end {
+                swapped[p as usize] -= x.bytes as i64;
+            }
+            for p in y.start..y.end {
+                swapped[p as usize] += y.bytes as i64;
+            }
+            for (a, b, d) in net(&x, &y) {
+                for v in netted.iter_mut().take(b as usize).skip(a as usize) {
+                    *v += d;
+                }
+            }
+            assert_eq!(swapped, netted, "{x:?} → {y:?}");
         }
     }
 

@@ -458,19 +458,6 @@ fn module_root(module: &str) -> (String, String) {
     (root, unnumbered)
 }
 
-/// The keys of blocks by stack and label, each computed once.
-type KeyCache = rustc_hash::FxHashMap<(crate::snapshot::StackId, Label), Keys>;
-
-fn keys(a: &DeviceAnalysis, keyer: &mut Keyer, cache: &mut KeyCache, b: &Block) -> Keys {
-    let (l, stack) = label_of(a, b);
-    if let Some(k) = cache.get(&(stack, *l)) {
-        return k.clone();
-    }
-    let k = keys_now(keyer, l, stack);
-    cache.insert((stack, *l), k.clone());
-    k
-}
-
 fn keys_now(keyer: &mut Keyer, l: &Label, stack: crate::snapshot::StackId) -> Keys {
     let (site, line) = split_line(&keyer.key(Dimension::Site, l, stack));
     Keys {
@@ -492,6 +479,9 @@ const MAX_MODULES: usize = 256;
 #[derive(Default)]
 struct Gathered {
     spans: Vec<(Span, i64)>,
+    /// What the cause adds to the base run's allocated bytes, as ranges of positions and
+    /// bytes: a pair's two blocks start at one position, so a changed life is one range.
+    net: Vec<effects::Range>,
     blocks: (u64, u64),
     bytes: (u64, u64),
     steps: Vec<String>,
@@ -680,7 +670,95 @@ fn shared_sites(
     (sites_b, sites_n)
 }
 
+/// One run's keys of blocks, each distinct (stack, label) once, and the places lives ended,
+/// each distinct (free, allocation's step) once.
+#[derive(Default)]
+struct KeyTable {
+    ids: rustc_hash::FxHashMap<(crate::snapshot::StackId, Label), u32>,
+    keys: Vec<Keys>,
+    #[allow(clippy::type_complexity)]
+    end_ids: rustc_hash::FxHashMap<(Option<(crate::snapshot::StackId, Label)>, u32), u32>,
+    ends: Vec<String>,
+}
+
+/// A label with only what a cause's keys read ([`keys_now`], [`end_place`]): its step, phase,
+/// op, stage, category and evidence, and whether it is from before the trace. Labels that
+/// differ only in the rest (micro-batch, layer, node, range, call) share their keys.
+fn keyed(l: &Label) -> Label {
+    Label {
+        train_step: l.train_step,
+        pipe_step: l.pipe_step,
+        phase: l.phase,
+        op: l.op,
+        stage: l.stage,
+        category: l.category,
+        evidence: l.evidence,
+        call: if l.call == u32::MAX { u32::MAX } else { 0 },
+        ..Label::EMPTY
+    }
+}
+
+/// No key: a block of the other run only, or an allocation before recording.
+const NO_KEY: u32 = u32::MAX;
+
+impl KeyTable {
+    /// The id of a block's keys.
+    fn id(&mut self, a: &DeviceAnalysis, keyer: &mut Keyer, b: &Block) -> u32 {
+        let (l, stack) = label_of(a, b);
+        let l = keyed(l);
+        if let Some(&id) = self.ids.get(&(stack, l)) {
+            return id;
+        }
+        let id = self.keys.len() as u32;
+        self.keys.push(keys_now(keyer, &l, stack));
+        self.ids.insert((stack, l), id);
+        id
+    }
+
+    /// The id of where a block's life ended ([`end_place`]); `own` is its keys' id.
+    fn end(&mut self, a: &DeviceAnalysis, keyer: &mut Keyer, b: &Block, own: u32) -> u32 {
+        // the allocation's step matters, not the rest of its keys; before recording it has
+        // none
+        let from = match b.origin {
+            Origin::Event(_) => own,
+            Origin::BeforeTrace(_) => NO_KEY,
+        };
+        // and of the free, its labels and stack: not the event itself
+        let free = b.freed_by.map(|f| {
+            (
+                a.snap.trace(a.device())[f].stack,
+                keyed(&a.attribution.labels[f]),
+            )
+        });
+        if let Some(&id) = self.end_ids.get(&(free, from)) {
+            return id;
+        }
+        let id = self.ends.len() as u32;
+        self.ends.push(end_place(a, keyer, b));
+        self.end_ids.insert((free, from), id);
+        id
+    }
+}
+
+/// Blocks that make the same cause, however many: their kind, keys and ends as ids, gathered
+/// once each before their keys are made into text.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Variant {
+    kind: Kind,
+    /// Which run's keys name it: 0 base, 1 new.
+    side: u8,
+    /// The keys of the run that names it, and the base run's where a life changed.
+    own: u32,
+    base: u32,
+    /// Where its life ended in each run, where it changed.
+    ends: (u32, u32),
+}
+
 /// Every difference of the aligned runs, grouped into causes (in the order first met).
+///
+/// Each block is first given a [`Variant`] (ids only, no text); each variant's keys are then
+/// made into text once, variants of one key make one cause, and a last pass over the blocks
+/// adds each to its cause.
 fn gather(
     base: &DeviceAnalysis,
     new: &DeviceAnalysis,
@@ -689,29 +767,30 @@ fn gather(
     sites: &(HashSet<String>, HashSet<String>),
 ) -> (BTreeMap<Key, Gathered>, Vec<Key>) {
     let (kb, kn) = keyers;
-    let (sites_b, sites_n) = sites;
+    let (mut tb, mut tn) = (KeyTable::default(), KeyTable::default());
+    let mut ids: rustc_hash::FxHashMap<Variant, u32> = Default::default();
+    // each variant once, with the bytes of the run that names it
+    let mut variants: Vec<(Variant, u64)> = Vec::new();
     // a pair whose sizes differ more than this many times is two requests the alignment
     // matched by position (allocations without frames share one call site): one gone, one new
-    let pairs: Vec<Pairing> = aligned
-        .pairs
-        .iter()
-        .flat_map(|p| match *p {
+    let split = |p: &Pairing| -> [Option<Pairing>; 2] {
+        match *p {
             Pairing::Both(b, n)
                 if implausible(aligned.base[b].span.bytes, aligned.new[n].span.bytes) =>
             {
-                vec![Pairing::Base(b), Pairing::New(n)]
+                [Some(Pairing::Base(b)), Some(Pairing::New(n))]
             }
-            other => vec![other],
-        })
-        .collect();
-    let mut groups: BTreeMap<Key, Gathered> = BTreeMap::new();
-    let mut order: Vec<Key> = Vec::new();
-    let (mut cb, mut cn) = (KeyCache::default(), KeyCache::default());
-    for p in &pairs {
-        let (kind, keys) = match *p {
+            other => [Some(other), None],
+        }
+    };
+    let pairs: Vec<Pairing> = aligned.pairs.iter().flat_map(split).flatten().collect();
+    let mut of_pair: Vec<u32> = Vec::with_capacity(pairs.len());
+    for &p in &pairs {
+        let (variant, bytes) = match p {
             Pairing::Both(b, n) => {
                 let (x, y) = (&aligned.base[b], &aligned.new[n]);
                 if x.span.bytes == y.span.bytes && x.free_gap == y.free_gap {
+                    of_pair.push(NO_KEY);
                     continue;
                 }
                 let kind = if matches!(x.origin, Origin::BeforeTrace(_)) {
@@ -725,91 +804,94 @@ fn gather(
                 } else {
                     Kind::Life
                 };
-                let mut k = keys(new, kn, &mut cn, y);
-                if kind == Kind::Allocator {
-                    k = Keys::allocator();
-                }
-                if kind == Kind::Life {
-                    let was = keys(base, kb, &mut cb, x).category;
-                    if (y.freed_by.is_none() && x.freed_by.is_some())
-                        || (MODEL_STATE.contains(&was.as_str())
-                            && !MODEL_STATE.contains(&k.category.as_str()))
-                    {
-                        // a block now never freed has no life of its own to tell its category
-                        // by (it reads as kept to the end), and a gradient now freed in
-                        // backward (accumulated into a kept one) reads as a temporary: the
-                        // base run's says what it was
-                        k.category = was;
-                    }
-                }
-                if x.free_gap != y.free_gap {
-                    let ends = (end_place(base, kb, x), end_place(new, kn, y));
-                    k.ends = if ends.0 == ends.1 {
-                        SAME_PLACE.to_string()
-                    } else {
-                        format!("{}\u{1f}{}", ends.0, ends.1)
-                    };
-                    if kind == Kind::Life && k.ends != SAME_PLACE {
-                        // blocks kept longer by one change (checkpointing off, a reference
-                        // kept) sit at many sites of one module: one cause per module
-                        let root = module_root(&k.module).0;
-                        let sep = crate::attribute::modules::SEPARATOR;
-                        // the numbered module itself: the same text for every layer
-                        k.module = root.rsplit(sep).next().unwrap_or(&root).to_string();
-                        k.place_site = std::mem::replace(
-                            &mut k.site,
-                            format!("{MODULE_KEY}{}", module_root(&k.module).1),
-                        );
-                    }
-                }
-                (kind, k)
+                let own = tn.id(new, kn, y);
+                let was = tb.id(base, kb, x);
+                let ends = if x.free_gap != y.free_gap {
+                    (tb.end(base, kb, x, was), tn.end(new, kn, y, own))
+                } else {
+                    (NO_KEY, NO_KEY)
+                };
+                let v = Variant {
+                    kind,
+                    side: 1,
+                    own,
+                    base: if kind == Kind::Life { was } else { NO_KEY },
+                    ends,
+                };
+                (v, y.span.bytes)
             }
             Pairing::Base(b) => {
                 let x = &aligned.base[b];
-                let k = keys(base, kb, &mut cb, x);
-                let kind = if matches!(x.origin, Origin::BeforeTrace(_)) {
-                    Kind::BeforeRecording
-                } else if sites_b.contains(&k.site) {
-                    Kind::Count
-                } else {
-                    Kind::Gone
+                let v = Variant {
+                    kind: if matches!(x.origin, Origin::BeforeTrace(_)) {
+                        Kind::BeforeRecording
+                    } else {
+                        Kind::Gone
+                    },
+                    side: 0,
+                    own: tb.id(base, kb, x),
+                    base: NO_KEY,
+                    ends: (NO_KEY, NO_KEY),
                 };
-                (kind, k)
+                (v, x.span.bytes)
             }
             Pairing::New(n) => {
                 let y = &aligned.new[n];
-                let k = keys(new, kn, &mut cn, y);
-                let kind = if matches!(y.origin, Origin::BeforeTrace(_)) {
-                    Kind::BeforeRecording
-                } else if sites_n.contains(&k.site) {
-                    Kind::Count
-                } else {
-                    Kind::New
+                let v = Variant {
+                    kind: if matches!(y.origin, Origin::BeforeTrace(_)) {
+                        Kind::BeforeRecording
+                    } else {
+                        Kind::New
+                    },
+                    side: 1,
+                    own: tn.id(new, kn, y),
+                    base: NO_KEY,
+                    ends: (NO_KEY, NO_KEY),
                 };
-                (kind, k)
+                (v, y.span.bytes)
             }
         };
+        let id = *ids.entry(variant).or_insert_with(|| {
+            variants.push((variant, 0));
+            variants.len() as u32 - 1
+        });
+        variants[id as usize].1 += bytes;
+        of_pair.push(id);
+    }
+
+    // each variant's cause, by its keys in text
+    let mut groups: Vec<Gathered> = Vec::new();
+    let mut order: Vec<Key> = Vec::new();
+    let mut at: HashMap<Key, usize> = HashMap::new();
+    let mut group_of: Vec<(u32, String)> = Vec::with_capacity(variants.len());
+    for (v, noted) in &variants {
+        let (kind, keys) = variant_keys(v, (&tb, &tn), sites);
         let key = (
             kind,
             keys.site.clone(),
             keys.category.clone(),
             keys.ends.clone(),
         );
-        let g = groups.entry(key.clone()).or_insert_with(|| {
+        let g = *at.entry(key.clone()).or_insert_with(|| {
             order.push(key);
-            Gathered::default()
+            groups.push(Gathered::default());
+            groups.len() - 1
         });
-        let bytes = match *p {
-            Pairing::Both(_, n) => aligned.new[n].span.bytes,
-            Pairing::Base(b) => aligned.base[b].span.bytes,
-            Pairing::New(n) => aligned.new[n].span.bytes,
-        };
-        g.note(&keys, bytes);
-        match *p {
+        groups[g].note(&keys, *noted);
+        group_of.push((g as u32, keys.ends));
+    }
+    for (&p, &id) in pairs.iter().zip(&of_pair) {
+        if id == NO_KEY {
+            continue;
+        }
+        let (gi, ends) = &group_of[id as usize];
+        let g = &mut groups[*gi as usize];
+        match p {
             Pairing::Both(b, n) => {
                 let (x, y) = (&aligned.base[b], &aligned.new[n]);
                 g.spans.push((x.span, -1));
                 g.spans.push((y.span, 1));
+                g.net.extend(effects::net(&x.span, &y.span));
                 g.blocks.0 += 1;
                 g.blocks.1 += 1;
                 g.bytes.0 += x.span.bytes;
@@ -828,25 +910,87 @@ fn gather(
                     e.1 += x.span.bytes.abs_diff(y.span.bytes);
                 }
                 if x.free_gap != y.free_gap {
-                    *g.ends.entry(keys.ends.clone()).or_default() += 1;
+                    match g.ends.get_mut(ends) {
+                        Some(n) => *n += 1,
+                        None => {
+                            g.ends.insert(ends.clone(), 1);
+                        }
+                    }
                 }
             }
             Pairing::Base(b) => {
                 let x = &aligned.base[b];
                 g.spans.push((x.span, -1));
+                g.net
+                    .push((x.span.start, x.span.end, -(x.span.bytes as i64)));
                 g.blocks.0 += 1;
                 g.bytes.0 += x.span.bytes;
             }
             Pairing::New(n) => {
                 let y = &aligned.new[n];
                 g.spans.push((y.span, 1));
+                g.net.push((y.span.start, y.span.end, y.span.bytes as i64));
                 g.blocks.1 += 1;
                 g.bytes.1 += y.span.bytes;
             }
         }
     }
+    let groups = order.iter().cloned().zip(groups).collect();
 
     (groups, order)
+}
+
+/// A variant's kind and keys in text: the kind of a block of one run (gone or new, or a changed
+/// count where its site allocates in both), the category a changed life is told by, and where
+/// lives ended.
+fn variant_keys(
+    v: &Variant,
+    tables: (&KeyTable, &KeyTable),
+    sites: &(HashSet<String>, HashSet<String>),
+) -> (Kind, Keys) {
+    let (tb, tn) = tables;
+    let table = if v.side == 0 { tb } else { tn };
+    let mut k = table.keys[v.own as usize].clone();
+    let mut kind = v.kind;
+    match kind {
+        Kind::Gone if sites.0.contains(&k.site) => kind = Kind::Count,
+        Kind::New if sites.1.contains(&k.site) => kind = Kind::Count,
+        Kind::Allocator => k = Keys::allocator(),
+        _ => {}
+    }
+    if kind == Kind::Life {
+        let was = &tb.keys[v.base as usize].category;
+        let (end_b, end_n) = (&tb.ends[v.ends.0 as usize], &tn.ends[v.ends.1 as usize]);
+        if (end_n == "the end" && end_b != "the end")
+            || (MODEL_STATE.contains(&was.as_str()) && !MODEL_STATE.contains(&k.category.as_str()))
+        {
+            // a block now never freed has no life of its own to tell its category by (it
+            // reads as kept to the end), and a gradient now freed in backward (accumulated
+            // into a kept one) reads as a temporary: the base run's says what it was
+            k.category = was.clone();
+        }
+    }
+    if v.ends.0 != NO_KEY {
+        let ends = (&tb.ends[v.ends.0 as usize], &tn.ends[v.ends.1 as usize]);
+        k.ends = if ends.0 == ends.1 {
+            SAME_PLACE.to_string()
+        } else {
+            format!("{}\u{1f}{}", ends.0, ends.1)
+        };
+        if kind == Kind::Life && k.ends != SAME_PLACE {
+            // blocks kept longer by one change (checkpointing off, a reference kept) sit at
+            // many sites of one module: one cause per module
+            let root = module_root(&k.module).0;
+            let sep = crate::attribute::modules::SEPARATOR;
+            // the numbered module itself: the same text for every layer
+            k.module = root.rsplit(sep).next().unwrap_or(&root).to_string();
+            k.place_site = std::mem::replace(
+                &mut k.site,
+                format!("{MODULE_KEY}{}", module_root(&k.module).1),
+            );
+        }
+    }
+    (kind, k)
 }
 
 /// Categories that make the model's state: what one parameter brings, whose gradient and
@@ -948,39 +1092,30 @@ fn effects_on_the_peak(
     let exact = base_peak as u64 == base.replay.peaks.allocated.bytes
         && new_peak as u64 == new.replay.peaks.allocated.bytes;
     let mut curve = Curve::new(&base_values, n);
-    let alone: Vec<i64> = order
-        .iter()
-        .map(|key| {
-            let g = &groups[key];
-            let before = curve.max();
-            g.spans.iter().for_each(|(s, sign)| curve.apply(s, *sign));
-            let after = curve.max();
-            g.spans.iter().for_each(|(s, sign)| curve.apply(s, -sign));
-            after - before
-        })
-        .collect();
     let changed = |k: usize| {
         let g = &groups[&order[k]];
         g.bytes.0.abs_diff(g.bytes.1)
     };
     let mut changes = bundles(groups, order, scaled);
+    // alone: each cause's, then each change's of several causes
+    let net = |k: usize| groups[&order[k]].net.as_slice();
+    let sets: Vec<Vec<&[effects::Range]>> = (0..order.len())
+        .map(|k| vec![net(k)])
+        .chain(
+            changes
+                .iter()
+                .filter(|(_, parts)| parts.len() > 1)
+                .map(|(_, parts)| parts.iter().map(|&k| net(k)).collect()),
+        )
+        .collect();
+    let all_alone = effects::alone(&curve, &sets);
+    let alone = &all_alone[..order.len()];
+    let mut several = all_alone[order.len()..].iter();
     let change_alone: Vec<i64> = changes
         .iter()
-        .map(|(_, parts)| {
-            if let [one] = parts[..] {
-                return alone[one];
-            }
-            let before = curve.max();
-            for &k in parts {
-                let g = &groups[&order[k]];
-                g.spans.iter().for_each(|(s, sign)| curve.apply(s, *sign));
-            }
-            let after = curve.max();
-            for &k in parts {
-                let g = &groups[&order[k]];
-                g.spans.iter().for_each(|(s, sign)| curve.apply(s, -sign));
-            }
-            after - before
+        .map(|(_, parts)| match parts[..] {
+            [one] => alone[one],
+            _ => several.next().copied().unwrap_or(0),
         })
         .collect();
     let mut by_alone: Vec<usize> = (0..changes.len()).collect();
@@ -1007,7 +1142,7 @@ fn effects_on_the_peak(
             let key = &order[k];
             let g = &groups[key];
             let before = curve.max();
-            g.spans.iter().for_each(|(s, sign)| curve.apply(s, *sign));
+            g.net.iter().for_each(|&(a, b, d)| curve.add(a, b, d));
             let effect = curve.max() - before;
             made.push(cause(key, g, effect, alone[k]));
         }
@@ -1044,6 +1179,11 @@ fn change(
     if parts.len() == 1 {
         return parts.remove(0);
     }
+    // (the page draws a change's blocks, not each part's)
+    let spans: Vec<(Span, i64)> = parts
+        .iter_mut()
+        .flat_map(|p| std::mem::take(&mut p.spans))
+        .collect();
     let lead = &parts[0];
     let mut out = Cause {
         peak_effect_bytes: parts.iter().map(|p| p.peak_effect_bytes).sum(),
@@ -1052,7 +1192,7 @@ fn change(
         blocks_new: parts.iter().map(|p| p.blocks_new).sum(),
         bytes_base: parts.iter().map(|p| p.bytes_base).sum(),
         bytes_new: parts.iter().map(|p| p.bytes_new).sum(),
-        spans: parts.iter().flat_map(|p| p.spans.iter().copied()).collect(),
+        spans,
         ..lead.clone()
     };
     let mut categories: Vec<&str> = Vec::new();
@@ -1186,6 +1326,7 @@ fn merge_replaced(groups: &mut BTreeMap<Key, Gathered>, order: &mut Vec<Key>) {
         };
         let target = groups.get_mut(into).expect("a new cause listed in order");
         target.spans.extend(from.spans);
+        target.net.extend(from.net);
         target.blocks.0 += from.blocks.0;
         target.bytes.0 += from.bytes.0;
         target
