@@ -278,7 +278,8 @@ class BudgetError(MemsnapError):
 def diff(base: Snapshot, new: Snapshot, **options: Any) -> Dict[str, Any]:
     """The ``memsnap diff --json`` object: why ``new`` used more (or less) memory than ``base``,
     cause by cause (``causes``, each with ``kind``, ``site``, ``module``, ``category``, ``step``,
-    ``phase`` and ``peak_effect_bytes``, adding up to ``peak_allocated_delta_bytes``). Two
+    ``phase`` and ``peak_effect_bytes``, adding up to ``peak_allocated_delta_bytes``; a change
+    made of several causes lists them in ``parts``, whose effects add up to its own). Two
     folders of ranks give ``{"ranks": [...]}``. Budget options (``max_increase="5%"``,
     ``max_peak="40GiB"``, ``budget="memory-budget.json"``) raise :class:`BudgetError` when
     broken. ``new`` (not both) may be the dict of ``torch.cuda.memory._snapshot()``."""
