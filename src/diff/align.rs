@@ -20,7 +20,7 @@
 //! Allocations without frames (the autograd thread's, in backward) all share one token per
 //! stream, so the diff pairs them by position alone. Between two aligned allocations that have
 //! frames, they are aligned again by token and requested size first, then by token alone in
-//! what is left ([`refine_frameless`]): a gradient the new run adds in backward then stays a
+//! what is left (`refine_frameless`): a gradient the new run adds in backward then stays a
 //! new block rather than shifting every later backward allocation onto its neighbour, while a
 //! larger batch, whose sizes all differ, still pairs them in order.
 //!
@@ -46,6 +46,9 @@ use crate::snapshot::Action;
 const SITE_FRAMES: usize = 5;
 /// Time given to the diff before it settles for a coarser alignment.
 const DIFF_DEADLINE: Duration = Duration::from_secs(10);
+/// Allocations without frames between two with frames, in either run, beyond which the
+/// diff's own pairing by position is kept (a recording without stacks is one such stretch).
+const MAX_WINDOW: usize = 20_000;
 /// A free that never came: the block lives to the end.
 pub const NEVER: u32 = u32::MAX;
 
@@ -164,24 +167,37 @@ fn refine_frameless(
         return pairs;
     }
     let mut out = Vec::with_capacity(pairs.len());
-    // the window after the last anchor, from (start_b, start_n)
+    // the window after the last anchor starts at `start`; the diff's own pairs in it are kept
+    // where it is too long to align again, or time is up
     let mut start = (0usize, 0usize);
-    let anchors = pairs
-        .iter()
-        .copied()
-        .filter(|&(kb, _)| !b.frameless[kb])
-        .chain(std::iter::once((b.token.len(), n.token.len())));
-    for (end_b, end_n) in anchors {
-        let wb: Vec<usize> = (start.0..end_b).filter(|&k| b.frameless[k]).collect();
-        let wn: Vec<usize> = (start.1..end_n).filter(|&k| n.frameless[k]).collect();
-        if !wb.is_empty() && !wn.is_empty() {
-            out.extend(window_pairs(&wb, &wn, b, n, deadline));
+    let mut first_pairs: Vec<(usize, usize)> = Vec::new();
+    let window = |end: (usize, usize), start: (usize, usize), first: &mut Vec<_>| {
+        let wb: Vec<usize> = (start.0..end.0).filter(|&k| b.frameless[k]).collect();
+        let wn: Vec<usize> = (start.1..end.1).filter(|&k| n.frameless[k]).collect();
+        if wb.is_empty() || wn.is_empty() {
+            first.clear();
+            return Vec::new();
         }
-        if end_b < b.token.len() {
-            out.push((end_b, end_n));
+        if wb.len().max(wn.len()) > MAX_WINDOW || Instant::now() >= deadline {
+            return std::mem::take(first);
         }
-        start = (end_b + 1, end_n + 1);
+        first.clear();
+        window_pairs(&wb, &wn, b, n, deadline)
+    };
+    for &(kb, kn) in &pairs {
+        if b.frameless[kb] {
+            first_pairs.push((kb, kn));
+            continue;
+        }
+        out.extend(window((kb, kn), start, &mut first_pairs));
+        out.push((kb, kn));
+        start = (kb + 1, kn + 1);
     }
+    out.extend(window(
+        (b.token.len(), n.token.len()),
+        start,
+        &mut first_pairs,
+    ));
     out
 }
 
@@ -346,7 +362,7 @@ pub fn align(base: &DeviceAnalysis, new: &DeviceAnalysis) -> Aligned {
             let start = Instant::now();
             let (pairs, complete) =
                 crate::simulate::scale::equal_pairs(&tb.token, &tn.token, DIFF_DEADLINE);
-            let pairs = refine_frameless(pairs, &tb, &tn, start + DIFF_DEADLINE * 2);
+            let pairs = refine_frameless(pairs, &tb, &tn, start + DIFF_DEADLINE / 2);
             (pairs, complete)
         },
         || rayon::join(|| Placed::new(base), || Placed::new(new)),
