@@ -139,12 +139,16 @@ pub fn write(out: &mut Out, d: &Diff, top: usize, chart: Option<&str>) -> io::Re
         };
         for c in &requests[..shown] {
             t.add_row(row(c, false));
-            // a change of several causes: those that moved the peak, largest first
+            // a change of several causes: those that moved the peak, largest first, where
+            // more than one did (one alone would repeat the change's own row)
             let moved: Vec<_> = c
                 .parts
                 .iter()
                 .filter(|p| p.peak_effect_bytes != 0)
                 .collect();
+            if moved.len() < 2 {
+                continue;
+            }
             for p in moved.iter().take(PARTS_SHOWN) {
                 t.add_row(row(p, true));
             }
