@@ -544,7 +544,13 @@ pub fn diff(base: &DeviceAnalysis, new: &DeviceAnalysis, files: (&str, &str)) ->
     merge_replaced(&mut groups, &mut order);
     let scaled = scaling(&groups).map(|s| (s.ratio * 100.0).round() as u64);
     let (causes, exact, timeline) =
-        effects_on_the_peak(base, new, &aligned, &groups, &order, scaled);
+        effects_on_the_peak(base, new, &aligned, &groups, &order, scaled, {
+            let effective = |a: &DeviceAnalysis| AllocConf {
+                text: String::new(),
+                ..AllocConf::recorded(a.snap)
+            };
+            effective(base) == effective(new)
+        });
     let mut causes = causes;
     let side = |a: &DeviceAnalysis, file: &str, requests: usize| Side {
         file: file.to_string(),
@@ -1080,6 +1086,7 @@ fn effects_on_the_peak(
     groups: &BTreeMap<Key, Gathered>,
     order: &[Key],
     scaled: Option<u64>,
+    settings_same: bool,
 ) -> (Vec<Cause>, bool, Timeline) {
     // the shared timeline: each run's peak rebuilt from its spans
     let n = aligned.positions;
@@ -1127,6 +1134,31 @@ fn effects_on_the_peak(
             c,
         )
     });
+    // the allocator's rounding of the same requests, under the same settings, follows from
+    // the program's changes: it joins the change that moved the peak most alone, where it is
+    // the smaller of the two
+    let rounding = |c: usize| match changes[c].0 {
+        Bundle::Alone(k) => order[k].0 == Kind::Allocator,
+        _ => false,
+    };
+    let joined = match (
+        by_alone.iter().position(|&c| rounding(c)),
+        by_alone.iter().position(|&c| {
+            !rounding(c)
+                && !matches!(changes[c].0, Bundle::Alone(k) if order[k].0 == Kind::BeforeRecording)
+        }),
+    ) {
+        (Some(r), Some(t))
+            if settings_same
+                && change_alone[by_alone[r]] != 0
+                && change_alone[by_alone[r]].abs() <= change_alone[by_alone[t]].abs() =>
+        {
+            let r = by_alone.remove(r);
+            let t = by_alone[if r < t { t - 1 } else { t }];
+            Some((t, changes[r].1[0]))
+        }
+        _ => None,
+    };
     let mut causes = Vec::with_capacity(changes.len());
     for c in by_alone {
         let (bundle, parts) = &mut changes[c];
@@ -1147,8 +1179,25 @@ fn effects_on_the_peak(
             made.push(cause(key, g, effect, alone[k]));
         }
         sort_causes(&mut made);
+        let mut rounding = joined.filter(|&(t, _)| t == c).map(|(_, k)| {
+            let (key, g) = (&order[k], &groups[&order[k]]);
+            let before = curve.max();
+            g.net.iter().for_each(|&(a, b, d)| curve.add(a, b, d));
+            cause(key, g, curve.max() - before, alone[k])
+        });
+        // (one that no longer moved the peak stays on its own)
+        if let Some(r) = rounding.take_if(|r| r.peak_effect_bytes == 0) {
+            causes.push(r);
+        }
         let members = (groups, order, &parts[..]);
-        causes.push(change(bundle, made, change_alone[c], members, scaled));
+        causes.push(change(
+            bundle,
+            made,
+            rounding,
+            change_alone[c],
+            members,
+            scaled,
+        ));
     }
     sort_causes(&mut causes);
 
@@ -1166,32 +1215,38 @@ fn sort_causes(causes: &mut [Cause]) {
     });
 }
 
-/// One change made of its causes (sorted, largest first): a cause of its own where it has
-/// one, else the largest cause's site and module, the sums of all, and its causes as parts.
+/// One change made of its causes (sorted, largest first) and the allocator's rounding that
+/// joined it: a cause of its own where it has one, else the largest cause's site and module,
+/// the sums of all, and its causes as parts (the rounding last).
 fn change(
     bundle: &Bundle,
     mut parts: Vec<Cause>,
+    rounding: Option<Cause>,
     alone: i64,
     members: (&BTreeMap<Key, Gathered>, &[Key], &[usize]),
     scaled: Option<u64>,
 ) -> Cause {
     let (groups, order, members) = members;
-    if parts.len() == 1 {
+    if parts.len() == 1 && rounding.is_none() {
         return parts.remove(0);
     }
+    let program = parts.len();
+    parts.extend(rounding);
     // (the page draws a change's blocks, not each part's)
     let spans: Vec<(Span, i64)> = parts
         .iter_mut()
         .flat_map(|p| std::mem::take(&mut p.spans))
         .collect();
-    let lead = &parts[0];
+    // the blocks and bytes the program changed; the effect with the rounding's
+    let own = &parts[..program];
+    let lead = &own[0];
     let mut out = Cause {
         peak_effect_bytes: parts.iter().map(|p| p.peak_effect_bytes).sum(),
         alone_effect_bytes: alone,
-        blocks_base: parts.iter().map(|p| p.blocks_base).sum(),
-        blocks_new: parts.iter().map(|p| p.blocks_new).sum(),
-        bytes_base: parts.iter().map(|p| p.bytes_base).sum(),
-        bytes_new: parts.iter().map(|p| p.bytes_new).sum(),
+        blocks_base: own.iter().map(|p| p.blocks_base).sum(),
+        blocks_new: own.iter().map(|p| p.blocks_new).sum(),
+        bytes_base: own.iter().map(|p| p.bytes_base).sum(),
+        bytes_new: own.iter().map(|p| p.bytes_new).sum(),
         spans,
         ..lead.clone()
     };
@@ -1212,8 +1267,8 @@ fn change(
         }
     }
     // the categories of the causes that moved the peak (of all, where none did)
-    let moved = parts.iter().any(|p| p.peak_effect_bytes != 0);
-    for p in parts.iter().filter(|p| !moved || p.peak_effect_bytes != 0) {
+    let moved = own.iter().any(|p| p.peak_effect_bytes != 0);
+    for p in own.iter().filter(|p| !moved || p.peak_effect_bytes != 0) {
         if !categories.contains(&p.category.as_str()) {
             categories.push(&p.category);
         }
@@ -1223,19 +1278,20 @@ fn change(
     out.phase = phases.join(", ");
     let bytes = crate::units::bytes;
     let signed = |b: i64| crate::units::bytes_delta(b as i128);
-    let others = parts.len() - 1;
+    let others = own.len() - 1;
     out.what = match bundle {
+        _ if own.len() == 1 => lead.what.clone(),
         Bundle::Scaled => format!(
             "sizes scaled ×{:.2} at {} sites ({} of {} → {}): a larger batch or sequence?",
             scaled.unwrap_or(100) as f64 / 100.0,
-            parts.len(),
+            own.len(),
             crate::units::counted(out.blocks_new, "block"),
             bytes(out.bytes_base),
             bytes(out.bytes_new)
         ),
         Bundle::ModelState => {
             let mut by_category: Vec<(&str, i64)> = Vec::new();
-            for p in &parts {
+            for p in own {
                 match by_category.iter_mut().find(|(c, _)| *c == p.category) {
                     Some(e) => e.1 += p.peak_effect_bytes,
                     None => by_category.push((&p.category, p.peak_effect_bytes)),
@@ -1255,7 +1311,7 @@ fn change(
                 format!(
                     "the model's state: {} on the peak, {}",
                     listed.join(", "),
-                    crate::units::counted(parts.len() as u64, "cause")
+                    crate::units::counted(own.len() as u64, "cause")
                 )
             }
         }
@@ -1270,6 +1326,16 @@ fn change(
             crate::units::counted(others as u64, "more cause")
         ),
     };
+    if let Some(r) = parts[program..]
+        .first()
+        .filter(|r| r.peak_effect_bytes != 0)
+    {
+        out.what = format!(
+            "{}; with the allocator's rounding of the same requests, {}",
+            out.what,
+            signed(r.peak_effect_bytes)
+        );
+    }
     out.parts = parts;
     out
 }

@@ -140,21 +140,23 @@ pub fn write(out: &mut Out, d: &Diff, top: usize, chart: Option<&str>) -> io::Re
         for c in &requests[..shown] {
             t.add_row(row(c, false));
             // a change of several causes: those that moved the peak, largest first, where
-            // more than one did (one alone would repeat the change's own row)
-            let moved: Vec<_> = c
+            // more than one did (one alone would repeat the change's own row); the
+            // allocator's rounding that joined it always on its own row, last
+            let (rounding, own): (Vec<_>, Vec<_>) = c
                 .parts
                 .iter()
                 .filter(|p| p.peak_effect_bytes != 0)
-                .collect();
-            if moved.len() < 2 {
+                .partition(|p| p.kind == Kind::Allocator);
+            if own.len() + rounding.len() < 2 {
                 continue;
             }
-            for p in moved.iter().take(PARTS_SHOWN) {
+            for p in own.iter().take(PARTS_SHOWN) {
                 t.add_row(row(p, true));
             }
-            let rest = c.parts.len() - moved.len().min(PARTS_SHOWN);
-            if !c.parts.is_empty() && rest > 0 {
-                let effect: i64 = moved
+            let listed = own.len().min(PARTS_SHOWN) + rounding.len();
+            let rest = c.parts.len() - listed;
+            if rest > 0 {
+                let effect: i64 = own
                     .iter()
                     .skip(PARTS_SHOWN)
                     .map(|p| p.peak_effect_bytes)
@@ -170,6 +172,9 @@ pub fn write(out: &mut Out, d: &Diff, top: usize, chart: Option<&str>) -> io::Re
                     String::new(),
                     String::new(),
                 ]);
+            }
+            for p in rounding {
+                t.add_row(row(p, true));
             }
         }
         if requests.len() > shown {
