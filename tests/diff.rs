@@ -735,3 +735,180 @@ fn planted_pairs_without_a_program_change() {
     assert_eq!(d["verdict"], "allocator only", "{d}");
     assert_eq!(d["reserved"]["settings_differ"], true, "{d}");
 }
+
+/// The planted pairs of `testdata/record/diff_pairs_more.py`: `PLANT bytes=` lines of a log
+/// whose text holds `what`.
+fn plant_of(log: &str, what: &str) -> i64 {
+    let text = std::fs::read_to_string(testdata(log)).expect("the log is bundled");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("PLANT ") && l.contains(what))
+        .unwrap_or_else(|| panic!("{log}: no PLANT line of {what}"));
+    line.rsplit("bytes=")
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// torch_geometric writes its message passing to a temporary file of a random name, another
+/// in each run: the two names are read as one site, so a graph 1.5x larger is sizes scaled,
+/// not every message-passing block gone in one run and new in the other.
+#[test]
+fn a_larger_graph_through_generated_code_is_sizes_scaled() {
+    let (d, delta) = planted("gnn_batch");
+    let top = top_within_a_percent(&d, delta);
+    assert_eq!(top["kind"], "size", "{top}");
+    assert!(
+        top["what"]
+            .as_str()
+            .unwrap()
+            .starts_with("sizes scaled ×1.50"),
+        "{top}"
+    );
+    assert_eq!(d["scaling"]["ratio"], 1.5, "{}", d["scaling"]);
+    // nothing is new or gone at the generated module
+    for c in d["causes"].as_array().unwrap() {
+        let at_generated = c["site"].as_str().unwrap().contains("propagate_");
+        assert!(
+            !(at_generated && (c["kind"] == "new" || c["kind"] == "gone")),
+            "{c}"
+        );
+    }
+}
+
+/// A validation loss summed without `.item()` keeps each step's graph with its saved
+/// activations: one change over every module the graph ran through, now kept to the end, as
+/// many bytes as the program counted.
+#[test]
+fn a_kept_graph_is_one_change_kept_to_the_end() {
+    let (d, delta) = planted("loss_graph_kept");
+    let top = top_within_a_percent(&d, delta);
+    assert_eq!(top["kind"], "life", "{top}");
+    assert!(
+        top["what"]
+            .as_str()
+            .unwrap()
+            .contains("freed in other code, now alive to the end"),
+        "{top}"
+    );
+    let plant = plant_of(
+        &format!("{PLANTED}/loss_graph_kept/new.log"),
+        "validation loss",
+    );
+    let kept = top["bytes_new"].as_i64().unwrap();
+    assert!(
+        (kept - plant).abs() * 100 <= plant,
+        "{kept} against {plant}"
+    );
+    // the layers' blocks and the program's own line's, in one change
+    let parts = top["parts"].as_array().unwrap();
+    assert!(
+        parts
+            .iter()
+            .any(|p| p["site"].as_str().unwrap().contains("loss_graph_kept:117")),
+        "{top}"
+    );
+    assert!(
+        parts
+            .iter()
+            .any(|p| p["module"].as_str().unwrap().contains("forward[0…1]")),
+        "{top}"
+    );
+}
+
+/// An evaluation loop without `torch.no_grad()`: the layers' activations, saved for a backward
+/// that never comes, live past the forward.
+#[test]
+fn evaluation_without_no_grad_keeps_the_layers_activations() {
+    let (d, delta) = planted("no_grad_eval");
+    let top = top_within_a_percent(&d, delta);
+    assert_eq!(top["kind"], "life", "{top}");
+    assert_eq!(top["category"], "activation", "{top}");
+    assert!(
+        top["module"].as_str().unwrap().contains("modeling_bert.py"),
+        "{top}"
+    );
+    assert!(
+        top["what"]
+            .as_str()
+            .unwrap()
+            .contains("freed in forward, now alive until other code"),
+        "{top}"
+    );
+}
+
+/// Two changes planted in one program (a list keeping each step's logits, a copy of the
+/// weights kept on the GPU) are two changes, each at its own line, with the program's bytes.
+#[test]
+fn two_planted_changes_are_two_changes() {
+    let d = planted_diff("two_changes");
+    let log = format!("{PLANTED}/two_changes/new.log");
+    let causes = d["causes"].as_array().unwrap();
+    let (logits, ema) = (&causes[0], &causes[1]);
+    assert_eq!(logits["kind"], "life", "{logits}");
+    assert!(
+        logits["what"]
+            .as_str()
+            .unwrap()
+            .contains("freed in other code, now alive to the end"),
+        "{logits}"
+    );
+    // three logits kept, two of them alive at the peak
+    let kept = plant_of(&log, "logits");
+    assert_eq!(logits["bytes_new"].as_i64().unwrap(), kept, "{logits}");
+    assert_eq!(logits["alone_effect_bytes"].as_i64().unwrap(), kept / 3 * 2);
+    // the copy of the weights: its own change, at its own line, its blocks the program's
+    // tensors in whole blocks
+    assert_eq!(ema["kind"], "count", "{ema}");
+    assert!(
+        ema["site"].as_str().unwrap().contains("two_changes:270"),
+        "{ema}"
+    );
+    let copy = plant_of(&log, "EMA");
+    let effect = ema["peak_effect_bytes"].as_i64().unwrap();
+    assert!(
+        effect >= copy && (effect - copy) * 100 <= copy * 2,
+        "{effect} against {copy}"
+    );
+}
+
+/// Every weight trained (no LoRA): the model's state is the top change, its optimizer state
+/// AdamW's two buffers of every weight, which the program counted with the gradients.
+#[test]
+fn training_every_weight_instead_of_lora_is_the_models_state() {
+    let (d, delta) = planted("peft_full");
+    let top = &d["causes"][0];
+    assert!(
+        top["what"]
+            .as_str()
+            .unwrap()
+            .starts_with("the model's state: optimizer state +"),
+        "{top}"
+    );
+    let effect = top["peak_effect_bytes"].as_i64().unwrap();
+    assert!(effect > 0 && effect < delta, "{effect} of {delta}");
+    // AdamW's state is two fp32 buffers per weight: two thirds of gradients and state
+    let plant = plant_bytes(&format!("{PLANTED}/peft_full/new.log")).unwrap();
+    let state: i64 = top["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["category"] == "optimizer state")
+        .map(|p| p["peak_effect_bytes"].as_i64().unwrap())
+        .sum();
+    assert!(
+        (state * 3 - plant * 2).abs() * 100 <= plant * 2,
+        "{state} against {plant}"
+    );
+}
+
+/// bf16 autocast through accelerate: the change of the peak is explained to the byte, though
+/// its causes are not yet told as one change of dtype.
+#[test]
+fn mixed_precision_through_accelerate_adds_up() {
+    let d = planted_diff("accelerate_bf16");
+    assert_eq!(d["verdict"], "changed");
+    assert!(d["peak_allocated_delta_bytes"].as_i64().unwrap() < 0);
+}

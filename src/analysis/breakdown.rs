@@ -72,6 +72,8 @@ pub struct Keyer<'a> {
     sites: HashMap<StackId, String>,
     /// Steps whole: `--by step` keys drop the op and micro-batch ([`Keyer::whole_step`]).
     whole_steps: bool,
+    /// What site and module keys pass through ([`Keyer::renaming`]).
+    rename: Option<Box<dyn Fn(String) -> String + 'a>>,
 }
 
 impl<'a> Keyer<'a> {
@@ -83,7 +85,15 @@ impl<'a> Keyer<'a> {
             multi: attribution.multi_step(),
             sites: HashMap::new(),
             whole_steps: false,
+            rename: None,
         }
+    }
+
+    /// Site and module keys passed through `rename` from now on: a diff reads the generated
+    /// files of one run by the other run's names (`diff::names`).
+    pub fn renaming(mut self, rename: impl Fn(String) -> String + 'a) -> Keyer<'a> {
+        self.rename = Some(Box::new(rename));
+        self
     }
 
     /// Keys of [`Dimension::Step`] name whole steps from now on: a chart of a pipeline with
@@ -148,6 +158,10 @@ impl<'a> Keyer<'a> {
             Dimension::Phase => l.phase.as_str().to_string(),
             Dimension::Annotation => a.names.get(l.annotation).to_string(),
             Dimension::Evidence => format!("{} · {}", l.category.as_str(), l.evidence.as_str()),
+        };
+        let text = match &self.rename {
+            Some(rename) if matches!(d, Dimension::Site | Dimension::Stage) => rename(text),
+            _ => text,
         };
         if text.is_empty() {
             "(none)".to_string()

@@ -38,6 +38,7 @@ use similar::{capture_diff_slices_deadline, Algorithm, DiffOp};
 use rustc_hash::FxHasher;
 
 use super::effects::Span;
+use super::names::Renames;
 use crate::analysis::DeviceAnalysis;
 use crate::replay::{NONE, PREEXISTING};
 use crate::snapshot::Action;
@@ -117,8 +118,9 @@ struct Tokens {
     frameless: Vec<bool>,
 }
 
-/// The alignment tokens of a run's allocations.
-fn tokens(a: &DeviceAnalysis) -> Tokens {
+/// The alignment tokens of a run's allocations, its generated files read by the names in
+/// `renames` where given.
+fn tokens(a: &DeviceAnalysis, renames: Option<&Renames>) -> Tokens {
     let snap = a.snap;
     let mut sites: FxHashMap<crate::snapshot::StackId, u64> = FxHashMap::default();
     let mut streams: FxHashMap<i64, u64> = FxHashMap::default();
@@ -135,7 +137,9 @@ fn tokens(a: &DeviceAnalysis) -> Tokens {
         let site = *sites.entry(e.stack).or_insert_with(|| {
             let mut h = FxHasher::default();
             for f in snap.stacks.frames(e.stack).take(SITE_FRAMES) {
-                let file = snap.str(f.filename);
+                let file = renames
+                    .and_then(|r| r.files.get(&f.filename))
+                    .map_or(snap.str(f.filename), |n| n.as_str());
                 file.rsplit('/').next().unwrap_or(file).hash(&mut h);
                 snap.str(f.name).hash(&mut h);
             }
@@ -355,8 +359,8 @@ fn blocks(a: &DeviceAnalysis, placed: &Placed, positions: u32) -> Vec<Block> {
 }
 
 /// Aligns the new run with the base run and lays both on one timeline.
-pub fn align(base: &DeviceAnalysis, new: &DeviceAnalysis) -> Aligned {
-    let (tb, tn) = rayon::join(|| tokens(base), || tokens(new));
+pub fn align(base: &DeviceAnalysis, new: &DeviceAnalysis, renames: &Renames) -> Aligned {
+    let (tb, tn) = rayon::join(|| tokens(base, None), || tokens(new, Some(renames)));
     let ((pairs, complete), (mut pb, mut pn)) = rayon::join(
         || {
             let start = Instant::now();

@@ -24,6 +24,7 @@
 
 pub mod align;
 pub mod effects;
+pub mod names;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -343,11 +344,12 @@ fn end_place(a: &DeviceAnalysis, keyer: &mut Keyer, b: &Block) -> String {
                 Origin::Event(i) => Some(step_of(keyer, &a.attribution.labels[i], events[i].stack)),
                 Origin::BeforeTrace(_) => None,
             };
-            format!(
-                "{}{}",
-                l.phase.as_str(),
-                relative_step(allocated_in.as_deref(), &freed_in)
-            )
+            // (a step that is only its phase's name says nothing more)
+            let step = match freed_in == l.phase.as_str() {
+                true => String::new(),
+                false => relative_step(allocated_in.as_deref(), &freed_in),
+            };
+            format!("{}{step}", l.phase.as_str())
         }
     }
 }
@@ -536,9 +538,13 @@ const SAME_PLACE: &str = "the same place";
 
 /// The two runs' figures and causes. `base` and `new` are one device of each run.
 pub fn diff(base: &DeviceAnalysis, new: &DeviceAnalysis, files: (&str, &str)) -> Diff {
-    let aligned = align::align(base, new);
+    let renames = names::renames(base.snap, new.snap);
+    let aligned = align::align(base, new, &renames);
     let mut kb = Keyer::new(base.snap, &base.attribution);
     let mut kn = Keyer::new(new.snap, &new.attribution);
+    if !renames.is_empty() {
+        kn = kn.renaming(|text| renames.apply(text));
+    }
     let sites = shared_sites(base, new, &aligned, &mut kb, &mut kn);
     let (mut groups, mut order) = gather(base, new, &aligned, (&mut kb, &mut kn), &sites);
     merge_replaced(&mut groups, &mut order);
@@ -1010,6 +1016,9 @@ enum Bundle {
     Scaled,
     /// Parameters, their gradients and optimizer state.
     ModelState,
+    /// Blocks once freed in one place, now kept to the end: what a kept reference holds (a
+    /// graph with its saved activations, over every module it ran through).
+    Kept(String),
     /// The numbered layers of one stack (the module without its number).
     Layers(String),
     /// One kind at one call site, over steps and categories.
@@ -1038,7 +1047,8 @@ fn layer_key(g: &Gathered) -> Option<String> {
 
 /// The causes grouped into changes: each cause joins the first of these it fits, so that a
 /// cause is in one change and no chain of likenesses joins unrelated ones: sizes scaled by
-/// the common ratio (a larger batch), the model's state (a parameter and what it brings), the
+/// the common ratio (a larger batch), the model's state (a parameter and what it brings),
+/// lives once ended in one place and now kept to the end (a reference kept to a graph), the
 /// layers of one stack (checkpointing switched, an attention function replaced), one kind at
 /// one site over steps (the gradients that `zero_grad` no longer frees, each step).
 fn bundles(
@@ -1059,6 +1069,8 @@ fn bundles(
             Bundle::Scaled
         } else if MODEL_STATE.contains(&key.2.as_str()) {
             Bundle::ModelState
+        } else if kind == Kind::Life && key.3.ends_with("\u{1f}the end") {
+            Bundle::Kept(key.3.clone())
         } else if let Some(layer) = layer_key(g) {
             Bundle::Layers(layer)
         } else {
@@ -1315,6 +1327,16 @@ fn change(
                 )
             }
         }
+        Bundle::Kept(ends) => format!(
+            "{} blocks of {}{}: freed in {}, now alive to the end",
+            crate::units::count(out.blocks_new),
+            bytes(out.bytes_new),
+            match modules_text(&own.iter().map(|p| p.module.clone()).collect::<Vec<_>>()) {
+                m if m.is_empty() => String::new(),
+                m => format!(" in {m}"),
+            },
+            place_words(ends.split('\u{1f}').next().unwrap_or(""))
+        ),
         Bundle::Layers(_) => format!(
             "{}; and {} in the same layers",
             lead.what,
@@ -1461,7 +1483,16 @@ fn until(place: &str) -> String {
     if place == "the end" {
         "now alive to the end".to_string()
     } else {
-        format!("now alive until {place}")
+        format!("now alive until {}", place_words(place))
+    }
+}
+
+/// A place where a life ended in words: the phase `other` (outside forward, backward and the
+/// optimizer) as `other code`.
+fn place_words(place: &str) -> String {
+    match place.strip_prefix("other") {
+        Some(rest) if rest.is_empty() || rest.starts_with(' ') => format!("other code{rest}"),
+        _ => place.to_string(),
     }
 }
 
@@ -1555,15 +1586,16 @@ fn cause(key: &Key, g: &Gathered, effect: i64, alone: i64) -> Cause {
                 s.push_str(&format!(" (×{:.2})", r as f64 / 100.0));
             }
             if let Some((from, to)) = ends.split_once('\u{1f}') {
-                s.push_str(&format!("; freed in {from}, {}", until(to)));
+                s.push_str(&format!("; freed in {}, {}", place_words(from), until(to)));
             }
             s
         }
         Kind::Life => match ends.split_once('\u{1f}') {
             Some((from, to)) => format!(
-                "{} of {}: freed in {from}, {}",
+                "{} of {}: freed in {}, {}",
                 count(g.blocks.1),
                 bytes(g.bytes.1),
+                place_words(from),
                 until(to)
             ),
             None => format!(
