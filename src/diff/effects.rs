@@ -3,7 +3,9 @@
 //! with range addition and the maximum over everything.
 //!
 //! Each node keeps the highest value below it plus what was added to its whole range, so an
-//! addition touches `O(log n)` nodes and the maximum is the root, with no pushing down. Written
+//! addition touches `O(log n)` nodes and the maximum is the root, with no pushing down. A
+//! set's effect applied alone ([`alone`]) is read off the tree as built, without adding: the
+//! highest value of each stretch between the set's range ends, plus what the set adds there. Written
 //! here because the one operation needed (add to a range, read the global maximum) is a few
 //! lines, where a general-purpose tree crate would bring generic monoids for nothing.
 
@@ -30,6 +32,8 @@ pub struct Curve {
     max: Vec<i64>,
     /// What was added to the node's whole range.
     add: Vec<i64>,
+    /// Whether anything was added since it was built (until then `max` holds plain maxima).
+    added: bool,
 }
 
 impl Curve {
@@ -45,6 +49,7 @@ impl Curve {
             max[n] = max[2 * n].max(max[2 * n + 1]);
         }
         Curve {
+            added: false,
             size,
             max,
             add: vec![0; 2 * size],
@@ -63,6 +68,7 @@ impl Curve {
         if start >= end || delta == 0 {
             return;
         }
+        self.added = true;
         let (mut l, mut r) = (start + self.size, end + self.size);
         let (first, last) = (l, r - 1);
         while l < r {
@@ -92,6 +98,89 @@ impl Curve {
         }
     }
 
+    /// The highest value over positions `[start, end)` of a curve nothing was added to.
+    fn range_max(&self, start: usize, end: usize) -> i64 {
+        debug_assert!(!self.added);
+        let (mut l, mut r) = (start + self.size, end.min(self.size) + self.size);
+        let mut best = i64::MIN;
+        while l < r {
+            if l & 1 == 1 {
+                best = best.max(self.max[l]);
+                l += 1;
+            }
+            if r & 1 == 1 {
+                r -= 1;
+                best = best.max(self.max[r]);
+            }
+            l >>= 1;
+            r >>= 1;
+        }
+        best
+    }
+
+    /// How much `set` would move the maximum of a curve nothing was added to: its ranges'
+    /// ends swept in order, each stretch between two of them read at its highest, with what
+    /// the ranges add there.
+    fn alone_on_plain(&self, set: &[&[Range]], ends: &mut Vec<(u32, i64)>) -> i64 {
+        ends.clear();
+        for r in set {
+            for &(a, b, d) in r.iter() {
+                if a < b && d != 0 {
+                    ends.push((a, d));
+                    ends.push((b, -d));
+                }
+            }
+        }
+        if ends.is_empty() {
+            return 0;
+        }
+        ends.sort_unstable_by_key(|e| e.0);
+        // the stretches the set changes; those it leaves alone only where the highest
+        // position is among the changed ones (else it keeps the maximum there)
+        let top = self.highest();
+        let sweep = |changed: bool| {
+            let (mut at, mut added, mut best, mut covers) = (0usize, 0i64, i64::MIN, false);
+            let mut k = 0;
+            loop {
+                let p = ends
+                    .get(k)
+                    .map_or(self.size, |e| (e.0 as usize).min(self.size));
+                if at < p && (added != 0) == changed {
+                    best = best.max(self.range_max(at, p).saturating_add(added));
+                    covers |= (at..p).contains(&top);
+                }
+                if k == ends.len() {
+                    break;
+                }
+                while ends
+                    .get(k)
+                    .is_some_and(|e| (e.0 as usize).min(self.size) == p)
+                {
+                    added += ends[k].1;
+                    k += 1;
+                }
+                at = p;
+            }
+            (best, covers)
+        };
+        let (changed, covers) = sweep(true);
+        let kept = if covers { sweep(false).0 } else { self.max() };
+        changed.max(kept) - self.max()
+    }
+
+    /// A position of the highest value of a curve nothing was added to.
+    fn highest(&self) -> usize {
+        let mut node = 1;
+        while node < self.size {
+            node = if self.max[2 * node] == self.max[node] {
+                2 * node
+            } else {
+                2 * node + 1
+            };
+        }
+        node - self.size
+    }
+
     /// Takes `span` away (`sign` -1) or puts it in (`sign` 1).
     pub fn apply(&mut self, span: &Span, sign: i64) {
         self.add(span.start, span.end, sign * span.bytes as i64);
@@ -118,6 +207,14 @@ pub fn alone(curve: &Curve, sets: &[Vec<&[Range]>]) -> Vec<i64> {
     let parts: Vec<Vec<i64>> = runs
         .into_par_iter()
         .map(|run| {
+            if !curve.added {
+                // read only: no copy, no additions
+                let mut ends = Vec::new();
+                return sets[run]
+                    .iter()
+                    .map(|set| curve.alone_on_plain(set, &mut ends))
+                    .collect();
+            }
             let mut c = curve.clone();
             sets[run]
                 .iter()
@@ -233,6 +330,67 @@ mod tests {
                     "positions {positions}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn effects_alone_are_each_set_added_and_taken_back() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        };
+        for positions in [1usize, 2, 5, 33, 100] {
+            let base: Vec<Span> = (0..15)
+                .map(|_| {
+                    let a = next(positions as u64) as u32;
+                    let b = next(positions as u64 + 1) as u32;
+                    Span {
+                        start: a.min(b),
+                        end: a.max(b),
+                        bytes: next(1000),
+                    }
+                })
+                .collect();
+            let values = values(base.iter().copied(), positions);
+            let ranges: Vec<Vec<Range>> = (0..80)
+                .map(|_| {
+                    (0..next(4))
+                        .map(|_| {
+                            let a = next(positions as u64 + 1) as u32;
+                            let b = next(positions as u64 + 1) as u32;
+                            (a.min(b), a.max(b), next(1500) as i64 - 750)
+                        })
+                        .collect()
+                })
+                .collect();
+            let sets: Vec<Vec<&[Range]>> = ranges
+                .chunks(2)
+                .map(|c| c.iter().map(|r| r.as_slice()).collect())
+                .collect();
+            let plain = Curve::new(&values, positions);
+            let fast = alone(&plain, &sets);
+            // by brute force: each set laid on the values
+            let top = values.iter().copied().max().unwrap_or(0);
+            for (set, got) in sets.iter().zip(&fast) {
+                let mut v = values.clone();
+                for r in set {
+                    for &(a, b, d) in r.iter() {
+                        for x in v.iter_mut().take(b as usize).skip(a as usize) {
+                            *x += d;
+                        }
+                    }
+                }
+                let want = v.into_iter().max().unwrap_or(0) - top;
+                assert_eq!(*got, want, "positions {positions}: {set:?}");
+            }
+            // and the same on a curve that was added to and taken back
+            let mut touched = plain.clone();
+            touched.add(0, positions as u32, 7);
+            touched.add(0, positions as u32, -7);
+            assert_eq!(alone(&touched, &sets), fast);
         }
     }
 
