@@ -33,7 +33,7 @@ use rustc_hash::FxHashMap;
 use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
-use similar::{capture_diff_slices_deadline, Algorithm, DiffOp};
+use crate::simulate::scale::equal_pairs_until;
 
 use rustc_hash::FxHasher;
 
@@ -220,7 +220,7 @@ fn window_pairs(
     };
     let kb: Vec<u64> = wb.iter().map(|&k| sized(b, k)).collect();
     let kn: Vec<u64> = wn.iter().map(|&k| sized(n, k)).collect();
-    let exact = equal_runs(&kb, &kn, deadline);
+    let exact = equal_pairs_until(&kb, &kn, deadline);
     let mut out = Vec::with_capacity(wb.len().min(wn.len()));
     let mut from = (0usize, 0usize);
     for stop in exact
@@ -233,7 +233,7 @@ fn window_pairs(
         let tn: Vec<u64> = wn[from.1..stop.1].iter().map(|&k| n.token[k]).collect();
         if !tb.is_empty() && !tn.is_empty() {
             out.extend(
-                equal_runs(&tb, &tn, deadline)
+                equal_pairs_until(&tb, &tn, deadline)
                     .into_iter()
                     .map(|(x, y)| (wb[from.0 + x], wn[from.1 + y])),
             );
@@ -242,25 +242,6 @@ fn window_pairs(
             out.push((wb[stop.0], wn[stop.1]));
         }
         from = (stop.0 + 1, stop.1 + 1);
-    }
-    out
-}
-
-/// The Myers diff's equal elements of two sequences, as index pairs in order.
-fn equal_runs(a: &[u64], b: &[u64], deadline: Instant) -> Vec<(usize, usize)> {
-    if a == b {
-        return (0..a.len()).map(|k| (k, k)).collect();
-    }
-    let mut out = Vec::new();
-    for op in capture_diff_slices_deadline(Algorithm::Myers, a, b, Some(deadline)) {
-        if let DiffOp::Equal {
-            old_index,
-            new_index,
-            len,
-        } = op
-        {
-            out.extend((0..len).map(|k| (old_index + k, new_index + k)));
-        }
     }
     out
 }

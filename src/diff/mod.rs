@@ -766,6 +766,24 @@ struct Variant {
     ends: (u32, u32),
 }
 
+/// The variant of a block of one run only (`side` 0 base, 1 new; `own` its keys' id): gone
+/// or new, or alive before recording started; and its bytes.
+fn one_run(block: &Block, side: u8, own: u32) -> (Variant, u64) {
+    let kind = match (block.origin, side) {
+        (Origin::BeforeTrace(_), _) => Kind::BeforeRecording,
+        (_, 0) => Kind::Gone,
+        _ => Kind::New,
+    };
+    let v = Variant {
+        kind,
+        side,
+        own,
+        base: NO_KEY,
+        ends: (NO_KEY, NO_KEY),
+    };
+    (v, block.span.bytes)
+}
+
 /// Every difference of the aligned runs, grouped into causes (in the order first met).
 ///
 /// Each block is first given a [`Variant`] (ids only, no text); each variant's keys are then
@@ -832,36 +850,8 @@ fn gather(
                 };
                 (v, y.span.bytes)
             }
-            Pairing::Base(b) => {
-                let x = &aligned.base[b];
-                let v = Variant {
-                    kind: if matches!(x.origin, Origin::BeforeTrace(_)) {
-                        Kind::BeforeRecording
-                    } else {
-                        Kind::Gone
-                    },
-                    side: 0,
-                    own: tb.id(base, kb, x),
-                    base: NO_KEY,
-                    ends: (NO_KEY, NO_KEY),
-                };
-                (v, x.span.bytes)
-            }
-            Pairing::New(n) => {
-                let y = &aligned.new[n];
-                let v = Variant {
-                    kind: if matches!(y.origin, Origin::BeforeTrace(_)) {
-                        Kind::BeforeRecording
-                    } else {
-                        Kind::New
-                    },
-                    side: 1,
-                    own: tn.id(new, kn, y),
-                    base: NO_KEY,
-                    ends: (NO_KEY, NO_KEY),
-                };
-                (v, y.span.bytes)
-            }
+            Pairing::Base(b) => one_run(&aligned.base[b], 0, tb.id(base, kb, &aligned.base[b])),
+            Pairing::New(n) => one_run(&aligned.new[n], 1, tn.id(new, kn, &aligned.new[n])),
         };
         let id = *ids.entry(variant).or_insert_with(|| {
             variants.push((variant, 0));

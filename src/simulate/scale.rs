@@ -441,9 +441,18 @@ fn align(base: &[Req], other: &[Req]) -> Vec<Option<usize>> {
 /// diff finished within `time` (else it settled for a coarser alignment).
 pub fn equal_pairs(a: &[u64], b: &[u64], time: Duration) -> (Vec<(usize, usize)>, bool) {
     let deadline = Instant::now() + time;
-    let ops = capture_diff_slices_deadline(Algorithm::Myers, a, b, Some(deadline));
+    let out = equal_pairs_until(a, b, deadline);
+    (out, Instant::now() < deadline)
+}
+
+/// The positions of `a` and `b` that the Myers diff pairs as equal, in order, working until
+/// `deadline` at most (then with a coarser alignment); equal sequences pair at once.
+pub fn equal_pairs_until(a: &[u64], b: &[u64], deadline: Instant) -> Vec<(usize, usize)> {
+    if a == b {
+        return (0..a.len()).map(|k| (k, k)).collect();
+    }
     let mut out = Vec::new();
-    for op in ops {
+    for op in capture_diff_slices_deadline(Algorithm::Myers, a, b, Some(deadline)) {
         if let DiffOp::Equal {
             old_index,
             new_index,
@@ -453,7 +462,7 @@ pub fn equal_pairs(a: &[u64], b: &[u64], time: Duration) -> (Vec<(usize, usize)>
             out.extend((0..len).map(|k| (old_index + k, new_index + k)));
         }
     }
-    (out, Instant::now() < deadline)
+    out
 }
 
 /// The runs of `base` requests without a partner: `(first, end)` in request order.
