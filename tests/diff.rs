@@ -904,11 +904,34 @@ fn training_every_weight_instead_of_lora_is_the_models_state() {
     );
 }
 
-/// bf16 autocast through accelerate: the change of the peak is explained to the byte, though
-/// its causes are not yet told as one change of dtype.
+/// bf16 autocast through accelerate: the change of the peak is explained to the byte, and a
+/// layer's output pairs with its output (×0.50), not with the weight cast just before it at
+/// the same line; its causes are not yet told as one change of dtype.
 #[test]
-fn mixed_precision_through_accelerate_adds_up() {
+fn mixed_precision_through_accelerate_pairs_outputs_with_outputs() {
     let d = planted_diff("accelerate_bf16");
     assert_eq!(d["verdict"], "changed");
     assert!(d["peak_allocated_delta_bytes"].as_i64().unwrap() < 0);
+    let all: Vec<&Value> = d["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| std::iter::once(c).chain(c["parts"].as_array().into_iter().flatten()))
+        .collect();
+    let conv1d: Vec<&&Value> = all
+        .iter()
+        .filter(|c| {
+            c["kind"] == "size"
+                && c["site"]
+                    .as_str()
+                    .unwrap()
+                    .contains("pytorch_utils.py:forward")
+        })
+        .collect();
+    assert!(!conv1d.is_empty());
+    for c in conv1d {
+        let what = c["what"].as_str().unwrap();
+        let r: f64 = what.rsplit("(×").next().unwrap()[..4].parse().unwrap();
+        assert!(r >= 0.45, "{c}");
+    }
 }

@@ -24,6 +24,11 @@
 //! new block rather than shifting every later backward allocation onto its neighbour, while a
 //! larger batch, whose sizes all differ, still pairs them in order.
 //!
+//! Where both runs allocate at one call site several times in a row, a different number of
+//! times (autocast casts a layer's weight at the layer's own line, before its output), the
+//! pairs inside that stretch are chosen again by the sizes asked for (`refine_runs`), so that
+//! an output pairs with the output and the cast reads as new.
+//!
 //! Blocks alive before recording started have no allocation to align: they are paired by
 //! size, in the order they were freed.
 
@@ -205,6 +210,104 @@ fn refine_frameless(
     out
 }
 
+/// Longest stretch of one call site, in either run, whose pairs are chosen again by size.
+const MAX_RUN: usize = 64;
+
+/// The diff's pairs inside stretches where both runs allocate at one call site several times
+/// in a row, a different number of times (autocast's casts of the weights before a layer's
+/// output, one more buffer), chosen again so that the sizes asked for are as alike as can be
+/// (the least sum of their log ratios, in order; ties to the earliest), where that is clearly
+/// better than the diff's pairing by position: a layer's output then pairs with its output,
+/// not with the cast made just before it.
+fn refine_runs(mut pairs: Vec<(usize, usize)>, b: &Tokens, n: &Tokens) -> Vec<(usize, usize)> {
+    // each allocation's stretch of its token: (first, end)
+    fn stretches(t: &Tokens) -> Vec<(u32, u32)> {
+        let len = t.token.len();
+        let mut out = vec![(0u32, 0u32); len];
+        let mut k = 0;
+        while k < len {
+            let mut end = k + 1;
+            while end < len && t.token[end] == t.token[k] {
+                end += 1;
+            }
+            out[k..end].fill((k as u32, end as u32));
+            k = end;
+        }
+        out
+    }
+    let unlike = |x: u64, y: u64| ((x.max(1) as f64).ln() - (y.max(1) as f64).ln()).abs();
+    let (sb, sn) = (stretches(b), stretches(n));
+    let mut q = 0;
+    while q < pairs.len() {
+        let (i, j) = pairs[q];
+        let ((i0, i1), (j0, j1)) = (sb[i], sn[j]);
+        let (i0, i1, j0, j1) = (i0 as usize, i1 as usize, j0 as usize, j1 as usize);
+        let mut end = q;
+        while end < pairs.len() && pairs[end].0 < i1 && pairs[end].1 < j1 {
+            end += 1;
+        }
+        let next = end.max(q + 1);
+        let (k, l) = (i1 - i0, j1 - j0);
+        let alone = (q == 0 || (pairs[q - 1].0 < i0 && pairs[q - 1].1 < j0))
+            && (end == pairs.len() || (pairs[end].0 >= i1 && pairs[end].1 >= j1));
+        if b.frameless[i] || !alone || k == l || k.max(l) > MAX_RUN || end - q != k.min(l) {
+            q = next;
+            continue;
+        }
+        // every allocation of the shorter stretch paired with one of the longer, in order
+        let (short, long, swapped) = if k < l {
+            (&b.size[i0..i1], &n.size[j0..j1], false)
+        } else {
+            (&n.size[j0..j1], &b.size[i0..i1], true)
+        };
+        let (k, l) = (short.len(), long.len());
+        let at = |a: usize, c: usize| a * (l + 1) + c;
+        let mut cost = vec![f64::INFINITY; (k + 1) * (l + 1)];
+        for c in 0..=l {
+            cost[at(0, c)] = 0.0;
+        }
+        for a in 1..=k {
+            for c in a..=l {
+                let skip = if c > a {
+                    cost[at(a, c - 1)]
+                } else {
+                    f64::INFINITY
+                };
+                let pair = cost[at(a - 1, c - 1)] + unlike(short[a - 1], long[c - 1]);
+                cost[at(a, c)] = skip.min(pair);
+            }
+        }
+        let now: f64 = pairs[q..end]
+            .iter()
+            .map(|&(x, y)| unlike(b.size[x], n.size[y]))
+            .sum();
+        // clearly better only: sizes that differ by a rounding stay as the diff paired them
+        if cost[at(k, l)] + 0.1 < now {
+            let (mut a, mut c) = (k, l);
+            let mut chosen = Vec::with_capacity(k);
+            while a > 0 {
+                if c > a && cost[at(a, c)] == cost[at(a, c - 1)] {
+                    c -= 1;
+                } else {
+                    chosen.push((a - 1, c - 1));
+                    a -= 1;
+                    c -= 1;
+                }
+            }
+            chosen.reverse();
+            for (slot, (x, y)) in pairs[q..end].iter_mut().zip(chosen) {
+                *slot = if swapped {
+                    (i0 + y, j0 + x)
+                } else {
+                    (i0 + x, j0 + y)
+                };
+            }
+        }
+        q = next;
+    }
+    pairs
+}
+
 /// One window's allocations without frames paired: equal token and size, then equal token.
 fn window_pairs(
     wb: &[usize],
@@ -348,6 +451,7 @@ pub fn align(base: &DeviceAnalysis, new: &DeviceAnalysis, renames: &Renames) -> 
             let (pairs, complete) =
                 crate::simulate::scale::equal_pairs(&tb.token, &tn.token, DIFF_DEADLINE);
             let pairs = refine_frameless(pairs, &tb, &tn, start + DIFF_DEADLINE / 2);
+            let pairs = refine_runs(pairs, &tb, &tn);
             (pairs, complete)
         },
         || rayon::join(|| Placed::new(base), || Placed::new(new)),
@@ -442,4 +546,42 @@ fn before_trace_pairs(base: &[Block], new: &[Block]) -> Vec<(usize, usize)> {
     }
     out.sort_unstable();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokens(token: &[u64], size: &[u64]) -> Tokens {
+        Tokens {
+            token: token.to_vec(),
+            events: (0..token.len()).collect(),
+            size: size.to_vec(),
+            frameless: vec![false; token.len()],
+        }
+    }
+
+    #[test]
+    fn a_stretch_of_one_site_pairs_by_size() {
+        // autocast: the new run casts a weight at the layer's own line before its output
+        let b = tokens(&[1, 7, 2], &[8, 1000, 8]);
+        let n = tokens(&[1, 7, 7, 2], &[8, 10, 500, 8]);
+        let pairs = refine_runs(vec![(0, 0), (1, 1), (2, 3)], &b, &n);
+        assert_eq!(pairs, vec![(0, 0), (1, 2), (2, 3)]);
+        // and the other way round: the base run had the extra allocation
+        let pairs = refine_runs(vec![(0, 0), (1, 1), (3, 2)], &n, &b);
+        assert_eq!(pairs, vec![(0, 0), (2, 1), (3, 2)]);
+        // sizes alike, or only a little apart: the diff's pairing stays
+        let same = tokens(&[1, 7, 7, 2], &[8, 1000, 1000, 8]);
+        let pairs = refine_runs(vec![(0, 0), (1, 2), (2, 3)], &b, &same);
+        assert_eq!(pairs, vec![(0, 0), (1, 2), (2, 3)]);
+        let near = tokens(&[1, 7, 7, 2], &[8, 1000, 1010, 8]);
+        let pairs = refine_runs(vec![(0, 0), (1, 2), (2, 3)], &b, &near);
+        assert_eq!(pairs, vec![(0, 0), (1, 2), (2, 3)]);
+        // a stretch whose allocations pair beyond the other run's stretch: left as it is
+        let b = tokens(&[7, 7], &[1000, 10]);
+        let n = tokens(&[7, 3, 7], &[10, 8, 1000]);
+        let pairs = refine_runs(vec![(0, 0), (1, 2)], &b, &n);
+        assert_eq!(pairs, vec![(0, 0), (1, 2)]);
+    }
 }
