@@ -78,7 +78,9 @@ def storage_bytes(tensors):
 
 def versions():
     parts = [f"torch={torch.__version__}", f"cuda={torch.version.cuda}"]
-    for name in ("transformers", "timm", "torchvision", "lightning", "accelerate"):
+    # (only those the pair imported)
+    for name in ("transformers", "timm", "torchvision", "lightning", "accelerate", "peft",
+                 "torch_geometric"):
         mod = sys.modules.get(name)
         if mod is not None:
             parts.append(f"{name}={getattr(mod, '__version__', '?')}")
@@ -406,7 +408,8 @@ PAIRS = {
 }
 
 
-def main():
+def main(pairs=PAIRS):
+    """Records one variant of one of `pairs` (name → function of `new`), as the arguments say."""
     out, pair, variant = sys.argv[1], sys.argv[2], sys.argv[3]
     assert variant in ("base", "new"), variant
     folder = os.path.join(out, pair)
@@ -417,7 +420,7 @@ def main():
     torch.backends.cudnn.benchmark = False
     torch.cuda.set_device(DEV)
     start_recording()
-    alive = PAIRS[pair](variant == "new")  # kept alive until the snapshot is taken
+    alive = pairs[pair](variant == "new")  # kept alive until the snapshot is taken
     finish(os.path.join(folder, f"{variant}.pickle"))
     del alive
 

@@ -39,38 +39,10 @@ and writes the snapshot to OUT_DIR/PAIR/VARIANT.pickle (diff_pairs_more.sh compr
 Usage: python3 diff_pairs_more.py OUT_DIR PAIR base|new
 """
 
-import os
-import pickle
-import sys
-
 import torch
 
-from diff_pairs import DEV, STEPS, llama_config, plant, start_recording, step_line, storage_bytes, tokens
-
-
-def versions():
-    parts = [f"torch={torch.__version__}", f"cuda={torch.version.cuda}"]
-    for name in ("transformers", "timm", "torchvision", "lightning", "accelerate", "peft",
-                 "torch_geometric"):
-        mod = sys.modules.get(name)
-        if mod is not None:
-            parts.append(f"{name}={getattr(mod, '__version__', '?')}")
-    parts.append(f'device="{torch.cuda.get_device_name(0)}"')
-    print("VERSIONS " + " ".join(parts), flush=True)
-
-
-def finish(path):
-    torch.cuda.synchronize()
-    versions()
-    print(
-        f"PEAK max_memory_allocated={torch.cuda.max_memory_allocated()} "
-        f"max_memory_reserved={torch.cuda.max_memory_reserved()} "
-        f"memory_allocated={torch.cuda.memory_allocated()}",
-        flush=True,
-    )
-    snapshot = torch.cuda.memory._snapshot()
-    with open(path, "wb") as f:
-        pickle.dump(snapshot, f)
+import diff_pairs
+from diff_pairs import DEV, STEPS, llama_config, plant, step_line, storage_bytes, tokens
 
 
 def allocated():
@@ -347,21 +319,5 @@ PAIRS = {
 }
 
 
-def main():
-    out, pair, variant = sys.argv[1], sys.argv[2], sys.argv[3]
-    assert variant in ("base", "new"), variant
-    folder = os.path.join(out, pair)
-    os.makedirs(folder, exist_ok=True)
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    print(f'PAIR pair={pair} variant={variant} alloc_conf="{conf}"', flush=True)
-    torch.manual_seed(0)
-    torch.backends.cudnn.benchmark = False
-    torch.cuda.set_device(DEV)
-    start_recording()
-    alive = PAIRS[pair](variant == "new")  # kept alive until the snapshot is taken
-    finish(os.path.join(folder, f"{variant}.pickle"))
-    del alive
-
-
 if __name__ == "__main__":
-    main()
+    diff_pairs.main(PAIRS)
