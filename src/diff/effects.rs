@@ -291,29 +291,38 @@ mod tests {
         v.into_iter().max().unwrap_or(0)
     }
 
-    #[test]
-    fn the_maximum_follows_every_addition() {
-        // a small deterministic generator: the same sequence on every run
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = |m: u64| {
+    /// A small deterministic generator (xorshift): the same sequence on every run, each
+    /// number below the bound asked for.
+    fn generator(mut seed: u64) -> impl FnMut(u64) -> u64 {
+        move |m: u64| {
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
             seed % m
-        };
+        }
+    }
+
+    /// `count` spans within `positions` positions, of up to 999 bytes.
+    fn spans(next: &mut impl FnMut(u64) -> u64, count: usize, positions: usize) -> Vec<Span> {
+        (0..count)
+            .map(|_| {
+                let a = next(positions as u64) as u32;
+                let b = next(positions as u64 + 1) as u32;
+                Span {
+                    start: a.min(b),
+                    end: a.max(b),
+                    bytes: next(1000),
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_maximum_follows_every_addition() {
+        let mut next = generator(0x9e37_79b9_7f4a_7c15);
         for positions in [1usize, 2, 3, 7, 64, 100] {
             let mut laid = Vec::new();
-            let base: Vec<Span> = (0..20)
-                .map(|_| {
-                    let a = next(positions as u64) as u32;
-                    let b = next(positions as u64 + 1) as u32;
-                    Span {
-                        start: a.min(b),
-                        end: a.max(b),
-                        bytes: next(1000),
-                    }
-                })
-                .collect();
+            let base = spans(&mut next, 20, positions);
             for s in &base {
                 laid.push((*s, 1));
             }
@@ -335,25 +344,9 @@ mod tests {
 
     #[test]
     fn effects_alone_are_each_set_added_and_taken_back() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = |m: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % m
-        };
+        let mut next = generator(0x2545_f491_4f6c_dd1d);
         for positions in [1usize, 2, 5, 33, 100] {
-            let base: Vec<Span> = (0..15)
-                .map(|_| {
-                    let a = next(positions as u64) as u32;
-                    let b = next(positions as u64 + 1) as u32;
-                    Span {
-                        start: a.min(b),
-                        end: a.max(b),
-                        bytes: next(1000),
-                    }
-                })
-                .collect();
+            let base = spans(&mut next, 15, positions);
             let values = values(base.iter().copied(), positions);
             let ranges: Vec<Vec<Range>> = (0..80)
                 .map(|_| {
