@@ -34,8 +34,14 @@ fn random_char(c: u8) -> bool {
 /// (`tmpk2j4_x9a`) or by Inductor (`torchinductor_<user>`).
 fn temporary(dir: &str) -> bool {
     matches!(dir, "tmp" | "temp" | "Temp" | "TEMP" | "TMP" | "T" | "shm")
-        || (dir.len() == 11 && dir.starts_with("tmp") && dir.bytes().skip(3).all(random_char))
+        || made_by_mkdtemp(dir)
         || dir.starts_with("torchinductor_")
+}
+
+/// Whether a directory's name is one `tempfile.mkdtemp` makes: `tmp` and eight random
+/// characters.
+fn made_by_mkdtemp(dir: &str) -> bool {
+    dir.len() == 11 && dir.starts_with("tmp") && dir.bytes().all(random_char)
 }
 
 /// A file's name with its generated part set aside, when it has one; `None` for a file
@@ -68,9 +74,8 @@ pub fn generated(path: &str) -> Option<String> {
     let dirs: Vec<&str> = dirs
         .iter()
         .map(|d| {
-            let mkdtemp = d.len() == 11 && d.starts_with("tmp") && d.bytes().all(random_char);
             let shard = d.len() == 2 && d.bytes().all(|b| b.is_ascii_alphanumeric());
-            if mkdtemp || (shard && stem_key == "#") {
+            if made_by_mkdtemp(d) || (shard && stem_key == "#") {
                 "#"
             } else {
                 d
@@ -176,19 +181,22 @@ mod tests {
         let k = |p: &str| generated(p);
         // torch_geometric's propagate module, written with `tempfile`
         assert_eq!(
-            k("/tmp/torch_geometric.nn.conv.gcn_conv_GCNConv_propagate_m3fmqp0s.py"),
-            k("/tmp/torch_geometric.nn.conv.gcn_conv_GCNConv_propagate_nbcrtgso.py")
+            k("/var/folders/x1/q9/T/torch_geometric.nn.conv.gcn_conv_GCNConv_propagate_m3fmqp0s.py"),
+            k("/var/folders/x1/q9/T/torch_geometric.nn.conv.gcn_conv_GCNConv_propagate_nbcrtgso.py")
         );
-        assert!(k("/tmp/torch_geometric.nn.conv.gcn_conv_GCNConv_propagate_m3fmqp0s.py").is_some());
+        assert!(k(
+            "/var/folders/x1/q9/T/torch_geometric.nn.conv.gcn_conv_GCNConv_propagate_m3fmqp0s.py"
+        )
+        .is_some());
         // in a directory `mkdtemp` made
         assert_eq!(
-            k("/tmp/tmpab12_xyz/module_k2j4_x9a.py"),
-            k("/tmp/tmp9q8w7e6r/module_zzzzzzzz.py")
+            k("/dev/shm/tmpab12_xyz/module_k2j4_x9a.py"),
+            k("/dev/shm/tmp9q8w7e6r/module_zzzzzzzz.py")
         );
         // Inductor's code, named by a hash in a directory of its first characters
         assert_eq!(
-            k("/tmp/torchinductor_root/c3/cc3jxq2z7ye4w5lyb5dhjimk7zmvq2p.py"),
-            k("/tmp/torchinductor_root/ab/cabx7f3nqkzq6u4lp2o5hmi3wnbq6yd.py")
+            k("/scratch/torchinductor_me/c3/cc3jxq2z7ye4w5lyb5dhjimk7zmvq2p.py"),
+            k("/scratch/torchinductor_me/ab/cabx7f3nqkzq6u4lp2o5hmi3wnbq6yd.py")
         );
         // an FX graph's code
         assert_eq!(
@@ -198,17 +206,25 @@ mod tests {
         assert_eq!(k("<eval_with_key>.3"), k("<eval_with_key>.12"));
         // files written by hand keep their names, in a temporary directory too
         assert_eq!(k("/home/me/train_my_model.py"), None);
-        assert_eq!(k("/tmp/train.py"), None);
+        assert_eq!(k("/dev/shm/train.py"), None);
+        // a temporary directory of any of its usual names
+        assert_eq!(k("tmp/gen_k2j4x9ab.py"), Some("tmp/gen_#.py".to_string()));
+        assert!(k("Temp/gen_k2j4x9ab.py").is_some());
         assert_eq!(k("<frozen runpy>"), None);
         assert_eq!(k("<string>"), None);
     }
 
+    /// Renames of one short name only.
+    fn one(from: &str, to: &str) -> Renames {
+        Renames {
+            files: FxHashMap::default(),
+            short: vec![(from.into(), to.into())],
+        }
+    }
+
     #[test]
     fn only_file_names_are_replaced_in_keys() {
-        let r = Renames {
-            files: FxHashMap::default(),
-            short: vec![("<eval_with_key>.3".into(), "<eval_with_key>.12".into())],
-        };
+        let r = one("<eval_with_key>.3", "<eval_with_key>.12");
         assert_eq!(
             r.apply("a.py:f:1;<eval_with_key>.3:forward:7".into()),
             "a.py:f:1;<eval_with_key>.12:forward:7"
@@ -218,10 +234,7 @@ mod tests {
             r.apply("<eval_with_key>.31:forward:7".into()),
             "<eval_with_key>.31:forward:7"
         );
-        let r = Renames {
-            files: FxHashMap::default(),
-            short: vec![("gen_abcd1234.py".into(), "gen_zzzz9999.py".into())],
-        };
+        let r = one("gen_abcd1234.py", "gen_zzzz9999.py");
         assert_eq!(
             r.apply("x.py:f:1 › gen_abcd1234.py:collect".into()),
             "x.py:f:1 › gen_zzzz9999.py:collect"
