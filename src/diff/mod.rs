@@ -549,15 +549,16 @@ pub fn diff(base: &DeviceAnalysis, new: &DeviceAnalysis, files: (&str, &str)) ->
     let (mut groups, mut order) = gather(base, new, &aligned, (&mut kb, &mut kn), &sites);
     merge_replaced(&mut groups, &mut order);
     let scaled = scaling(&groups).map(|s| (s.ratio * 100.0).round() as u64);
-    let (causes, exact, timeline) =
-        effects_on_the_peak(base, new, &aligned, &groups, &order, scaled, {
-            let effective = |a: &DeviceAnalysis| AllocConf {
-                text: String::new(),
-                ..AllocConf::recorded(a.snap)
-            };
-            effective(base) == effective(new)
-        });
-    let mut causes = causes;
+    let reserved = reserved_split(base, new);
+    let (mut causes, exact, timeline) = effects_on_the_peak(
+        base,
+        new,
+        &aligned,
+        &groups,
+        &order,
+        scaled,
+        !reserved.settings_differ,
+    );
     let side = |a: &DeviceAnalysis, file: &str, requests: usize| Side {
         file: file.to_string(),
         device: a.device(),
@@ -573,7 +574,6 @@ pub fn diff(base: &DeviceAnalysis, new: &DeviceAnalysis, files: (&str, &str)) ->
     );
     let delta_reserved = sn.peak_reserved_bytes as i64 - sb.peak_reserved_bytes as i64;
     let delta_allocated = sn.peak_allocated_bytes as i64 - sb.peak_allocated_bytes as i64;
-    let reserved = reserved_split(base, new);
     let same_requests = causes.iter().all(|c| c.kind == Kind::Allocator);
     if let Some(c) = allocator_cause(&reserved, &sb, &sn, same_requests, delta_reserved) {
         // one allocator cause: the rounding's allocated bytes and the reserved bytes together
