@@ -8,12 +8,13 @@ use serde_json::{json, Value};
 
 use crate::util::{report_json, testdata};
 
-/// A running server and the next request id.
+/// A running server, the next request id, and answers read while waiting for another one.
 struct Client {
     child: Child,
     input: ChildStdin,
     output: BufReader<ChildStdout>,
     id: u64,
+    early: Vec<Value>,
 }
 
 impl Client {
@@ -39,6 +40,7 @@ impl Client {
             input,
             output,
             id: 0,
+            early: Vec::new(),
         };
         let init = c.request(
             "initialize",
@@ -69,8 +71,12 @@ impl Client {
         id
     }
 
-    /// The next answer to request `id`.
+    /// The answer to request `id`; answers to other requests that come first are kept for their
+    /// own turn (answers of concurrent calls come in any order).
     fn answer(&mut self, id: u64) -> Value {
+        if let Some(i) = self.early.iter().position(|v| v["id"] == id) {
+            return self.early.remove(i);
+        }
         loop {
             let mut line = String::new();
             assert!(
@@ -80,6 +86,9 @@ impl Client {
             let v: Value = serde_json::from_str(&line).unwrap();
             if v["id"] == id {
                 return v;
+            }
+            if v.get("id").is_some_and(|i| !i.is_null()) {
+                self.early.push(v);
             }
         }
     }
