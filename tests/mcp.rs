@@ -8,14 +8,20 @@ use serde_json::{json, Value};
 
 use crate::util::{report_json, testdata};
 
-/// A running server, the next request id, and answers read while waiting for another one.
+/// A running server, the next request id, answers read while waiting for another one, and the
+/// watchdog that ends the server if a test waits on it too long.
 struct Client {
     child: Child,
     input: ChildStdin,
     output: BufReader<ChildStdout>,
     id: u64,
     early: Vec<Value>,
+    watchdog: Option<std::sync::mpsc::Sender<()>>,
 }
+
+/// How long one server may run before its watchdog kills it: a test waiting for an answer that
+/// never comes then fails ("the server hung up") instead of holding up the whole run.
+const WATCHDOG: std::time::Duration = std::time::Duration::from_secs(300);
 
 impl Client {
     /// Starts `memsnap mcp --root testdata` and does the handshake.
@@ -35,12 +41,20 @@ impl Client {
             .expect("memsnap mcp starts");
         let input = child.stdin.take().unwrap();
         let output = BufReader::new(child.stdout.take().unwrap());
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let pid = child.id().to_string();
+        std::thread::spawn(move || {
+            if stopped.recv_timeout(WATCHDOG).is_err() {
+                let _ = Command::new("kill").args(["-9", &pid]).status();
+            }
+        });
         let mut c = Client {
             child,
             input,
             output,
             id: 0,
             early: Vec::new(),
+            watchdog: Some(stop),
         };
         let init = c.request(
             "initialize",
@@ -118,6 +132,10 @@ fn tool_answer(v: &Value) -> Result<Value, String> {
 
 impl Drop for Client {
     fn drop(&mut self) {
+        // the watchdog stands down before the child is reaped, so it never kills a reused pid
+        if let Some(w) = self.watchdog.take() {
+            let _ = w.send(());
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
