@@ -3,20 +3,23 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 
 use crate::util::{report_json, testdata};
 
-/// A running server, the next request id, answers read while waiting for another one, and the
-/// watchdog that ends the server if a test waits on it too long.
+/// A running server (shared with its watchdog, which ends it if a test waits on it too long;
+/// dropping `_watchdog` stands the watchdog down), the next request id, and answers read while
+/// waiting for another one.
 struct Client {
-    child: Child,
+    child: Arc<Mutex<Child>>,
     input: ChildStdin,
     output: BufReader<ChildStdout>,
     id: u64,
     early: Vec<Value>,
-    watchdog: Option<std::sync::mpsc::Sender<()>>,
+    _watchdog: mpsc::Sender<()>,
 }
 
 /// How long one server may run before its watchdog kills it: a test waiting for an answer that
@@ -41,11 +44,15 @@ impl Client {
             .expect("memsnap mcp starts");
         let input = child.stdin.take().unwrap();
         let output = BufReader::new(child.stdout.take().unwrap());
-        let (stop, stopped) = std::sync::mpsc::channel::<()>();
-        let pid = child.id().to_string();
+        let child = Arc::new(Mutex::new(child));
+        let (watchdog, stood_down) = mpsc::channel::<()>();
+        let watched = child.clone();
         std::thread::spawn(move || {
-            if stopped.recv_timeout(WATCHDOG).is_err() {
-                let _ = Command::new("kill").args(["-9", &pid]).status();
+            if stood_down.recv_timeout(WATCHDOG) == Err(RecvTimeoutError::Timeout) {
+                // a child already waited for is not signalled again (its pid may be reused)
+                if let Ok(mut c) = watched.lock() {
+                    let _ = c.kill();
+                }
             }
         });
         let mut c = Client {
@@ -54,7 +61,7 @@ impl Client {
             output,
             id: 0,
             early: Vec::new(),
-            watchdog: Some(stop),
+            _watchdog: watchdog,
         };
         let init = c.request(
             "initialize",
@@ -132,12 +139,10 @@ fn tool_answer(v: &Value) -> Result<Value, String> {
 
 impl Drop for Client {
     fn drop(&mut self) {
-        // the watchdog stands down before the child is reaped, so it never kills a reused pid
-        if let Some(w) = self.watchdog.take() {
-            let _ = w.send(());
+        if let Ok(mut c) = self.child.lock() {
+            let _ = c.kill();
+            let _ = c.wait();
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
