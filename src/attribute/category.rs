@@ -317,9 +317,9 @@ pub(crate) fn apply_labels(snap: &Snapshot, events: &[TraceEvent], ledger: &mut 
         match e.action {
             Action::Alloc => {
                 live.insert(e.addr, i);
-                let meta = snap.str(e.user_metadata);
-                if meta.starts_with('{') {
-                    if let Some(c) = of(e.user_metadata) {
+                let meta_id = snap.extra(e).user_metadata;
+                if snap.str(meta_id).starts_with('{') {
+                    if let Some(c) = of(meta_id) {
                         named.push((i, c));
                     }
                 }
@@ -328,7 +328,7 @@ pub(crate) fn apply_labels(snap: &Snapshot, events: &[TraceEvent], ledger: &mut 
                 live.remove(&e.addr);
             }
             Action::Annotate => {
-                if let (Some(&j), Some(c)) = (live.get(&e.addr), of(e.user_metadata)) {
+                if let (Some(&j), Some(c)) = (live.get(&e.addr), of(snap.extra(e).user_metadata)) {
                     named.push((j, c));
                 }
             }

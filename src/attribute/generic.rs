@@ -504,7 +504,7 @@ pub(crate) fn label(
         let f: Facts = cache.get(e.stack, || {
             facts(snap, e.stack, names, sources, &mut classes, &mut chains)
         });
-        let meta = snap.str(e.user_metadata);
+        let meta = snap.str(snap.extra(e).user_metadata);
         let from_meta = (!meta.is_empty())
             .then(|| phase_of_annotation(meta))
             .flatten();
@@ -783,7 +783,7 @@ fn detail(snap: &Snapshot, e: &TraceEvent, names: &mut Names) -> super::NameId {
     if let Some(node) = frames::autograd_node(snap, e.stack) {
         return names.intern(&node);
     }
-    let context = snap.str(e.compile_context);
+    let context = snap.str(snap.extra(e).compile_context);
     if !context.is_empty() && context != "N/A" {
         names.intern(context)
     } else {
@@ -1272,12 +1272,9 @@ mod tests {
                 addr: 0,
                 size: 0,
                 time_us: 0,
-                stream: 0,
+                stream: Default::default(),
                 stack: StackId::default(),
-                compile_context: Default::default(),
-                user_metadata: Default::default(),
-                forward_frames: 0,
-                block_surplus: 0,
+                extra: 0,
                 pool: crate::snapshot::PoolId::UNKNOWN,
                 action,
             })

@@ -128,7 +128,7 @@ struct Tokens {
 fn tokens(a: &DeviceAnalysis, renames: Option<&Renames>) -> Tokens {
     let snap = a.snap;
     let mut sites: FxHashMap<crate::snapshot::StackId, u64> = FxHashMap::default();
-    let mut streams: FxHashMap<i64, u64> = FxHashMap::default();
+    let mut streams: FxHashMap<crate::snapshot::StreamId, u64> = FxHashMap::default();
     let mut out = Tokens {
         token: Vec::new(),
         events: Vec::new(),

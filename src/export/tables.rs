@@ -339,7 +339,7 @@ fn events_of(a: &DeviceAnalysis, rows: std::ops::Range<usize>) -> Table {
         action.push(ev.action.as_str());
         addr.push(ev.addr);
         size.push(ev.size);
-        stream.push(ev.stream);
+        stream.push(a.snap.stream(ev));
         reserved.push(r.reserved_at(Some(i)));
         labels.push(a, &mut keyer, &a.attribution.labels[i], ev.stack);
     }

@@ -65,7 +65,12 @@ struct Range {
 }
 
 /// Segments (address → range) at the window's end.
-fn segments_at_end(replay: &Replay, trace: &[TraceEvent], to: usize) -> BTreeMap<u64, Range> {
+fn segments_at_end(
+    snap: &Snapshot,
+    replay: &Replay,
+    trace: &[TraceEvent],
+    to: usize,
+) -> BTreeMap<u64, Range> {
     let mut ranges: BTreeMap<u64, Range> = replay
         .start_layout
         .iter()
@@ -79,7 +84,7 @@ fn segments_at_end(replay: &Replay, trace: &[TraceEvent], to: usize) -> BTreeMap
         })
         .collect();
     for ev in &trace[..to] {
-        let origin = Some((ev.stream, ev.stack));
+        let origin = Some((snap.stream(ev), ev.stack));
         match ev.action {
             Action::SegmentAlloc => {
                 let range = Range {
@@ -233,7 +238,7 @@ pub fn write<W: Write>(
 ) -> io::Result<Trimmed> {
     let trace = snap.trace(window.device);
     let (from, to) = (window.from.min(trace.len()), window.to.min(trace.len()));
-    let ranges = segments_at_end(replay, trace, to);
+    let ranges = segments_at_end(snap, replay, trace, to);
     let blocks = blocks_at_end(replay, trace, to);
     let mut writer = SnapshotWriter::new(snap, out)?;
     let mut summary = Trimmed {
@@ -527,7 +532,7 @@ impl<'a, W: Write> SnapshotWriter<'a, W> {
         self.word("size")?;
         self.pickle.int(ev.size.into())?;
         self.word("stream")?;
-        self.pickle.int(ev.stream.into())?;
+        self.pickle.int(self.snap.stream(ev).into())?;
         self.word("time_us")?;
         self.pickle.int(ev.time_us.into())?;
         if let Some((a, b)) = ev.pool.pair() {
@@ -545,8 +550,8 @@ impl<'a, W: Write> SnapshotWriter<'a, W> {
         self.word("frames")?;
         self.frames(ev.stack)?;
         for (key, text) in [
-            ("compile_context", ev.compile_context),
-            ("user_metadata", ev.user_metadata),
+            ("compile_context", self.snap.extra(ev).compile_context),
+            ("user_metadata", self.snap.extra(ev).user_metadata),
         ] {
             if !self.snap.str(text).is_empty() {
                 self.pickle.text(key)?;

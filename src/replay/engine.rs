@@ -199,8 +199,9 @@ impl<'a> Replayer<'a> {
             let end_stack = live_at_end.get(&addr).copied();
             // The block's real size is unknown unless the file records it; otherwise its
             // rounded request is the best estimate.
-            let size = if e.block_surplus > 0 {
-                e.size + u64::from(e.block_surplus)
+            let surplus = self.snap.extra(e).block_surplus;
+            let size = if surplus > 0 {
+                e.size + u64::from(surplus)
             } else {
                 self.rules.round(e.size)
             };

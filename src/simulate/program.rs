@@ -152,7 +152,7 @@ impl Program {
                     Op::Alloc {
                         req: i as u32,
                         size: e.size,
-                        stream: e.stream,
+                        stream: snap.stream(e),
                         pool: index(e.pool),
                     },
                 )),
@@ -231,7 +231,7 @@ impl Program {
                     i,
                     Op::Fail {
                         size: e.size.min(MAX_REAL_SIZE),
-                        stream: e.stream,
+                        stream: snap.stream(e),
                         pool: index(e.pool),
                     },
                 )),
@@ -316,7 +316,7 @@ fn start_streams(
                 index(PoolId::pack(s.pool_id)),
             ),
             (None, release) => (
-                release.map_or(0, |e| e.stream),
+                release.map_or(0, |e| snap.stream(e)),
                 !seg.expandable && seg.size == 2 << 20,
                 release.map_or(0, |e| index(e.pool)),
             ),

@@ -448,9 +448,11 @@ pub(super) fn split_runs(events: Vec<TraceEvent>, runs: &[(usize, usize)]) -> Ve
 /// and in one piece, entries read whole or opcode by opcode) agree on this.
 pub(crate) fn everything(snap: &Snapshot) -> String {
     format!(
-        "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+        "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
         snap.segments,
         snap.traces,
+        snap.streams,
+        snap.event_extras,
         snap.annotations,
         snap.settings,
         snap.strings,
@@ -722,6 +724,8 @@ fn finish(
         .map(|t| drop_impossible_times(t))
         .collect();
     snap.forward_frames = std::mem::take(&mut compactor.forward_frames);
+    snap.streams = std::mem::take(&mut compactor.streams);
+    snap.event_extras = std::mem::take(&mut compactor.extras);
     snap.stacks = std::mem::take(&mut compactor.stacks);
     snap.stacks.freeze();
     snap.strings = decoded.heap.take_strings();
@@ -992,6 +996,58 @@ pub(crate) mod read_whole_tests {
         );
     }
 
+    /// Streams become ids into a table of the streams met, and the rare fields one set per
+    /// distinct set, whichever way an entry is read: every entry of torch 2.8+ carries
+    /// `compile_context`, which must not cost a row each.
+    #[test]
+    fn streams_and_rare_fields_are_kept_once_beside_the_trace() {
+        let streams = [0, -7, 1 << 30, -7, 0, 1 << 30];
+        let contexts = ["N/A", "N/A", "N/A", "compiled 1", "N/A", "compiled 1"];
+        let mut w = trace_head();
+        let frame = {
+            let mut f = 0;
+            w.entry(0x1000, |w| f = w.frame("A", 1));
+            f
+        };
+        for (k, (stream, context)) in streams.iter().zip(contexts).enumerate() {
+            w.op(&[op::EMPTY_DICT]);
+            w.memoize();
+            w.op(&[op::MARK]);
+            w.str("action");
+            w.str("alloc");
+            w.str("addr");
+            w.int(0x2000 + 512 * k as i32);
+            w.str("size");
+            w.int(512);
+            w.str("stream");
+            w.int(*stream);
+            w.str("compile_context");
+            w.str(context);
+            w.str("frames");
+            w.op(&[op::EMPTY_LIST]);
+            w.memoize();
+            w.op(&[op::MARK]);
+            w.get(frame);
+            w.op(&[op::APPENDS, op::SETITEMS]);
+        }
+        w.op(&TRACE_TAIL);
+        assert_eq!(flat_agrees(&w.bytes), Ok(7), "every entry is read whole");
+        let snap = from_pickle(&w.bytes[..], Limits::default()).unwrap();
+        let trace = snap.trace(0);
+        assert_eq!(trace.len(), 7);
+        let read: Vec<(i64, &str)> = trace[1..]
+            .iter()
+            .map(|e| (snap.stream(e), snap.str(snap.extra(e).compile_context)))
+            .collect();
+        let wanted: Vec<(i64, &str)> = streams.iter().map(|&s| s as i64).zip(contexts).collect();
+        assert_eq!(read, wanted);
+        assert_eq!(snap.streams, [0, -7, 1 << 30], "each stream once, 0 first");
+        assert_eq!(snap.event_extras.len(), 2, "{:?}", snap.event_extras);
+        assert_eq!(trace[0].extra, 0, "the first entry has no rare field");
+        assert_eq!(trace[1].extra, trace[5].extra);
+        assert_eq!(trace[4].extra, trace[6].extra);
+    }
+
     /// Entries read whole count the values they push as the general path does: with any
     /// budget of values, both run out at the same opcode (or neither does), pair by pair,
     /// whatever kind of integer or fetched string a pair holds.
@@ -1154,12 +1210,9 @@ pub(crate) mod read_whole_tests {
                 addr: i,
                 size: 0,
                 time_us: 0,
-                stream: 0,
+                stream: crate::snapshot::StreamId(0),
                 stack: StackId::EMPTY,
-                compile_context: StrId(K_EMPTY),
-                user_metadata: StrId(K_EMPTY),
-                forward_frames: 0,
-                block_surplus: 0,
+                extra: 0,
                 pool: crate::snapshot::PoolId::UNKNOWN,
                 action: Action::Alloc,
             })

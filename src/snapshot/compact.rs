@@ -97,7 +97,19 @@ pub(crate) struct EntryCompactor {
     pub(crate) stacks: Stacks,
     pub(crate) events: Vec<TraceEvent>,
     pub(crate) forward_frames: Vec<Vec<StrId>>,
+    /// The streams met, stream 0 first ([`super::Snapshot::streams`]).
+    pub(crate) streams: Vec<i64>,
+    /// The rare fields of the entries that carry any ([`super::Snapshot::event_extras`]).
+    pub(crate) extras: Vec<EventExtra>,
     actions: Vec<(StrId, Action)>,
+    /// The stream of the last entry ([`EntryCompactor::stream_id`]).
+    last_stream: u32,
+    /// Each stream's id.
+    stream_index: rustc_hash::FxHashMap<i64, u32>,
+    /// The set of rare fields of the last entry that had one, and its id.
+    last_extra: (EventExtra, u32),
+    /// Each set's id ([`EntryCompactor::extra_id`]).
+    extra_index: rustc_hash::FxHashMap<EventExtra, u32>,
     scratch: Vec<FrameId>,
     /// The tie to the other parts of a split decode, if any.
     #[cfg(unix)]
@@ -196,7 +208,13 @@ impl EntryCompactor {
             stacks: Stacks::default(),
             events: Vec::new(),
             forward_frames: Vec::new(),
+            streams: vec![0],
+            extras: Vec::new(),
             actions: Vec::new(),
+            last_stream: 0,
+            stream_index: [(0, 0)].into_iter().collect(),
+            last_extra: (EventExtra::default(), 0),
+            extra_index: Default::default(),
             scratch: Vec::new(),
             #[cfg(unix)]
             link: None,
@@ -325,19 +343,20 @@ impl EntryCompactor {
         heap: &Heap,
         pairs: &[(Value, Value)],
     ) -> Result<TraceEvent, FieldError> {
-        let empty = StrId(K_EMPTY);
         let mut ev = TraceEvent {
             addr: 0,
             size: 0,
             time_us: 0,
-            stream: 0,
+            stream: StreamId(0),
             stack: StackId::EMPTY,
-            compile_context: empty,
-            user_metadata: empty,
-            forward_frames: 0,
-            block_surplus: 0,
+            extra: 0,
             action: Action::Unknown,
             pool: PoolId::UNKNOWN,
+        };
+        let mut extra = EventExtra {
+            compile_context: StrId(K_EMPTY),
+            user_metadata: StrId(K_EMPTY),
+            ..EventExtra::default()
         };
         let mut block_size = None;
         // only a part of a split decode meets values of other parts (deferred) and tells
@@ -370,11 +389,11 @@ impl EntryCompactor {
                 K_ADDR | K_DEVICE_FREE => ev.addr = unsigned(heap, val, "trace entry addr")?,
                 K_SIZE => ev.size = unsigned(heap, val, "trace entry size")?,
                 K_BLOCK_SIZE => block_size = Some(unsigned(heap, val, "trace entry block_size")?),
-                K_STREAM => ev.stream = signed(heap, val, "trace entry stream")?,
+                K_STREAM => ev.stream = self.stream_id(signed(heap, val, "trace entry stream")?),
                 K_TIME_US => ev.time_us = signed(heap, val, "trace entry time_us")?,
                 K_FRAMES => ev.stack = self.stack_of(heap, val).unwrap_or(StackId::EMPTY),
-                K_COMPILE_CONTEXT => ev.compile_context = self.text_of(val),
-                K_USER_METADATA => ev.user_metadata = self.text_of(val),
+                K_COMPILE_CONTEXT => extra.compile_context = self.text_of(val),
+                K_USER_METADATA => extra.user_metadata = self.text_of(val),
                 K_POOL_ID => ev.pool = pool_of(heap, val),
                 K_FORWARD_FRAMES => {
                     if let Value::List(l) = val {
@@ -382,7 +401,7 @@ impl EntryCompactor {
                             heap.list(l).iter().filter_map(|&v| str_id(v)).collect();
                         if !lines.is_empty() {
                             self.forward_frames.push(lines);
-                            ev.forward_frames = self.forward_frames.len() as u32;
+                            extra.forward_frames = self.forward_frames.len() as u32;
                         }
                     }
                 }
@@ -390,9 +409,44 @@ impl EntryCompactor {
             }
         }
         if let Some(block) = block_size {
-            ev.block_surplus = u32::try_from(block.saturating_sub(ev.size)).unwrap_or(u32::MAX);
+            extra.block_surplus = u32::try_from(block.saturating_sub(ev.size)).unwrap_or(u32::MAX);
         }
+        ev.extra = self.extra_id(extra);
         Ok(ev)
+    }
+
+    /// The id of a set of rare fields ([`TraceEvent::extra`]): 0 for none, else 1 + its index
+    /// in the table, where it is added when new. Nearly every entry has the set of the one
+    /// before: that is looked at first.
+    pub(crate) fn extra_id(&mut self, extra: EventExtra) -> u32 {
+        if extra.is_empty() {
+            return 0;
+        }
+        if self.last_extra.0 == extra {
+            return self.last_extra.1;
+        }
+        let next = self.extras.len() as u32 + 1;
+        let id = *self.extra_index.entry(extra).or_insert(next);
+        if id == next {
+            self.extras.push(extra);
+        }
+        self.last_extra = (extra, id);
+        id
+    }
+
+    /// The id of a stream, added to the table when new. A program uses a few streams, and
+    /// nearly always the one of the entry before: that is looked at first.
+    pub(crate) fn stream_id(&mut self, stream: i64) -> StreamId {
+        if self.streams.get(self.last_stream as usize) == Some(&stream) {
+            return StreamId(self.last_stream);
+        }
+        let next = self.streams.len() as u32;
+        let id = *self.stream_index.entry(stream).or_insert(next);
+        if id == next {
+            self.streams.push(stream);
+        }
+        self.last_stream = id;
+        StreamId(id)
     }
 
     /// Adds a row to the table; returns its handle.

@@ -108,7 +108,9 @@ impl Action {
     }
 }
 
-/// One allocator trace entry.
+/// One allocator trace entry, 40 bytes: what every entry has is here; the stream is an index
+/// into [`Snapshot::streams`], and the fields few entries carry live in
+/// [`Snapshot::event_extras`] ([`Snapshot::extra`] reads them).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TraceEvent {
     /// Block or segment address; for [`Action::Oom`], the free bytes the device reported.
@@ -117,10 +119,28 @@ pub struct TraceEvent {
     pub size: u64,
     /// Wall clock in microseconds since the Unix epoch; 0 when not recorded (torch < 2.2).
     pub time_us: i64,
-    /// The CUDA stream (`cudaStream_t` as an integer; 0 = default stream).
-    pub stream: i64,
     /// Stack of the allocation (or of the free call, with `context="all"`).
     pub stack: StackId,
+    /// The CUDA stream ([`Snapshot::stream`] gives the `cudaStream_t` as an integer).
+    pub stream: StreamId,
+    /// 1 + index into [`Snapshot::event_extras`], or 0 when the entry has none of those fields.
+    pub extra: u32,
+    /// The memory pool the entry belongs to (`pool_id`, torch after 2.11), packed.
+    pub pool: PoolId,
+    /// What happened.
+    pub action: Action,
+}
+
+/// A CUDA stream of a snapshot: an index into [`Snapshot::streams`]. `StreamId(0)` is always
+/// stream 0 (the default stream).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(pub u32);
+
+/// The fields of a trace entry that few entries carry, or that many carry with the same
+/// values (torch 2.8+ writes `compile_context: "N/A"` in every entry): each distinct set is
+/// kept once beside the trace, so that every entry stays small.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct EventExtra {
     /// `compile_context` (torch 2.8+), or the empty string.
     pub compile_context: StrId,
     /// `user_metadata` (torch 2.10+), or the empty string.
@@ -131,10 +151,13 @@ pub struct TraceEvent {
     /// block's size (`block_size`, which `memsnap trim` writes on frees of blocks allocated
     /// before its window); else 0. PyTorch does not record it.
     pub block_surplus: u32,
-    /// What happened.
-    pub action: Action,
-    /// The memory pool the entry belongs to (`pool_id`, torch after 2.11), packed.
-    pub pool: PoolId,
+}
+
+impl EventExtra {
+    /// Whether the entry carries none of the fields (all empty or 0).
+    pub fn is_empty(&self) -> bool {
+        *self == EventExtra::default()
+    }
 }
 
 /// A memory pool as a trace entry names it (`pool_id`, torch after 2.11: `(0, 0)` the
@@ -200,6 +223,8 @@ impl PoolId {
     }
 }
 
+const _: () = assert!(std::mem::size_of::<TraceEvent>() == 40);
+
 #[cfg(test)]
 impl TraceEvent {
     /// An event without frames, metadata or stream, for unit tests.
@@ -208,12 +233,9 @@ impl TraceEvent {
             addr,
             size,
             time_us,
-            stream: 0,
+            stream: StreamId(0),
             stack: StackId::EMPTY,
-            compile_context: StrId(0),
-            user_metadata: StrId(0),
-            forward_frames: 0,
-            block_surplus: 0,
+            extra: 0,
             action,
             pool: PoolId::UNKNOWN,
         }
@@ -381,8 +403,14 @@ pub struct Snapshot {
     pub strings: Vec<Box<str>>,
     /// Frame and stack tables.
     pub stacks: Stacks,
-    /// Forward-pass tracebacks of anomaly mode, referenced by [`TraceEvent::forward_frames`].
+    /// Forward-pass tracebacks of anomaly mode, referenced by [`EventExtra::forward_frames`].
     pub forward_frames: Vec<Vec<StrId>>,
+    /// The CUDA streams the trace names (`cudaStream_t` as integers), in the order first met,
+    /// stream 0 first; [`TraceEvent::stream`] indexes it.
+    pub streams: Vec<i64>,
+    /// The distinct sets of rare fields of the trace entries that carry any
+    /// ([`TraceEvent::extra`]), in the order first met.
+    pub event_extras: Vec<EventExtra>,
     /// Encoding details.
     pub source: SourceInfo,
     /// Shortest unambiguous suffixes of frame file names, computed on first use.
@@ -409,6 +437,23 @@ impl Snapshot {
     /// The text of an interned string.
     pub fn str(&self, id: StrId) -> &str {
         self.strings.get(id.0 as usize).map_or("", |s| s)
+    }
+
+    /// The `cudaStream_t` of a trace entry, as an integer (0 = the default stream).
+    pub fn stream(&self, e: &TraceEvent) -> i64 {
+        self.streams.get(e.stream.0 as usize).copied().unwrap_or(0)
+    }
+
+    /// The rare fields of a trace entry (all empty when it has none).
+    pub fn extra(&self, e: &TraceEvent) -> EventExtra {
+        match e.extra {
+            0 => EventExtra::default(),
+            i => self
+                .event_extras
+                .get(i as usize - 1)
+                .copied()
+                .unwrap_or_default(),
+        }
     }
 
     /// Devices that have trace events.

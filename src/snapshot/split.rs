@@ -37,7 +37,7 @@ use rustc_hash::FxHashMap;
 
 use super::build::{assemble, everything, from_pickle};
 use super::compact::{Deferral, EntryCompactor, PartLink, DEFERRED, EVENT, FRAME, STACK};
-use super::{Frame, FrameId, Snapshot, StackId, StrId, TraceEvent};
+use super::{EventExtra, Frame, FrameId, Snapshot, StackId, StrId, TraceEvent};
 use crate::pickle::scan::{self, Until};
 use crate::pickle::source::FileAt;
 use crate::pickle::{self, Heap, Limits, PartInput, PartOutput, Progress, Resumable, Value};
@@ -843,15 +843,20 @@ impl<'a> Translation<'a> {
         let Some(&e) = self.from.events.get(r as usize) else {
             return NOT_YET;
         };
-        let forward_frames = match e.forward_frames {
-            0 => 0,
-            i => {
-                let lines = self.from.forward_frames[i as usize - 1].clone();
-                let lines = lines.into_iter().map(|l| self.string(l)).collect();
-                self.into.forward_frames.push(lines);
-                self.into.forward_frames.len() as u32
-            }
+        let mut extra = match e.extra {
+            0 => EventExtra::default(),
+            i => self.from.extras[i as usize - 1],
         };
+        if extra.forward_frames > 0 {
+            let lines = self.from.forward_frames[extra.forward_frames as usize - 1].clone();
+            let lines = lines.into_iter().map(|l| self.string(l)).collect();
+            self.into.forward_frames.push(lines);
+            extra.forward_frames = self.into.forward_frames.len() as u32;
+        }
+        extra.compile_context = self.string(extra.compile_context);
+        extra.user_metadata = self.string(extra.user_metadata);
+        let extra = self.into.extra_id(extra);
+        let stream = self.into.stream_id(self.from.streams[e.stream.0 as usize]);
         let stack = match self.from.deferred.index(Deferral::Stack, e.stack.0) {
             // a frame list of the first decoder's, read as one piece reads it
             Some(index) => {
@@ -862,9 +867,8 @@ impl<'a> Translation<'a> {
         };
         let row = TraceEvent {
             stack,
-            compile_context: self.string(e.compile_context),
-            user_metadata: self.string(e.user_metadata),
-            forward_frames,
+            stream,
+            extra,
             ..e
         };
         let t = self.into.events.len() as u32;
