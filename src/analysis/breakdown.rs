@@ -206,7 +206,7 @@ pub fn live_at<'a>(
             }
             let free = replay.partner[i];
             if free == NONE || free as usize > at {
-                out.push((replay.bytes[i], &attribution.labels[i], e.stack));
+                out.push((replay.bytes(i), &attribution.labels[i], e.stack));
             }
         }
     }
@@ -255,7 +255,7 @@ pub fn categories_at(
         let partner = replay.partner[e];
         if ev.action == Action::Alloc && (partner == NONE || partner as usize > e) {
             let s = &mut sums[slot(attribution.labels[e].category)];
-            s.0 += replay.bytes[e];
+            s.0 += replay.bytes(e);
             s.1 += 1;
         } else if ev.action != Action::Alloc && partner != NONE && partner & PREEXISTING == 0 {
             let alloc = partner as usize;
@@ -264,7 +264,7 @@ pub fn categories_at(
                 && replay.partner[alloc] as usize == e
             {
                 let s = &mut sums[slot(attribution.labels[alloc].category)];
-                s.0 = s.0.saturating_sub(replay.bytes[alloc]);
+                s.0 = s.0.saturating_sub(replay.bytes(alloc));
                 s.1 = s.1.saturating_sub(1);
             }
         }

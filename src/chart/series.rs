@@ -320,7 +320,7 @@ fn ended_or_started(replay: &Replay, action: Action, i: usize) -> Option<(Origin
 
 fn origin_bytes(replay: &Replay, origin: Origin) -> u64 {
     match origin {
-        Origin::Event(k) => replay.bytes[k],
+        Origin::Event(k) => replay.bytes(k),
         Origin::Preexisting(k) => replay.preexisting[k].size,
     }
 }
@@ -410,7 +410,7 @@ fn largest_over_time(a: &DeviceAnalysis, keyer: &mut Keyer, by: Dimension) -> Ve
             now.resize(g + 1, 0);
             max.resize(g + 1, 0);
         }
-        now[g] += sign * replay.bytes[k] as i128;
+        now[g] += sign * replay.bytes(k) as i128;
         max[g] = max[g].max(now[g]);
     }
     let mut order: Vec<usize> = (0..max.len()).collect();

@@ -432,7 +432,7 @@ fn blocks(a: &DeviceAnalysis, placed: &Placed, positions: u32) -> Vec<Block> {
             span: Span {
                 start: placed.pos[i],
                 end: freed.map_or(positions, |f| placed.pos[f]),
-                bytes: r.bytes[i],
+                bytes: r.bytes(i),
             },
             requested: e.size,
             freed_by: freed,

@@ -127,7 +127,7 @@ fn run_events(run: &Run, max_samples: usize, events: &mut Vec<Value>) {
     // the categories that ever hold a byte get a series; the others none
     let mut used = by_category.map(|b| b > 0);
     for (i, e) in trace.iter().enumerate() {
-        if e.action == Action::Alloc && r.bytes[i] > 0 {
+        if e.action == Action::Alloc && r.bytes(i) > 0 {
             used[category_index(labels[i].category)] = true;
         }
     }
@@ -135,14 +135,14 @@ fn run_events(run: &Run, max_samples: usize, events: &mut Vec<Value>) {
     let reserved_at = |i: usize| r.reserved_at(Some(i));
     for (i, e) in trace.iter().enumerate() {
         match e.action {
-            Action::Alloc => by_category[category_index(labels[i].category)] += r.bytes[i] as i64,
+            Action::Alloc => by_category[category_index(labels[i].category)] += r.bytes(i) as i64,
             Action::FreeRequested | Action::FreeCompleted => {
                 let origin = r.partner[i];
                 // only the free that ended the block's count: its alloc names this free
                 if origin != NONE && origin & PREEXISTING == 0 {
                     let o = origin as usize;
                     if o < trace.len() && r.partner[o] as usize == i {
-                        by_category[category_index(labels[o].category)] -= r.bytes[o] as i64;
+                        by_category[category_index(labels[o].category)] -= r.bytes(o) as i64;
                     }
                 } else if origin != NONE {
                     let k = (origin & !PREEXISTING) as usize;

@@ -360,7 +360,7 @@ fn events_of(a: &DeviceAnalysis, rows: std::ops::Range<usize>) -> Table {
         ),
         (
             "requested_after_bytes",
-            Values::U64(r.requested[rows].to_vec()),
+            Values::U64(rows.map(|i| r.requested(i)).collect()),
         ),
         ("reserved_after_bytes", Values::U64(reserved)),
     ];
@@ -395,7 +395,7 @@ pub fn blocks(a: &DeviceAnalysis) -> Table {
     for (i, ev) in trace.iter().enumerate() {
         if ev.action == Action::Alloc && r.partner[i] == crate::replay::NONE {
             address.push(ev.addr);
-            size.push(r.bytes[i]);
+            size.push(r.bytes(i));
             requested.push(ev.size);
             event.push(Some(i as u64));
             time.push(Some(ev.time_us.max(0) as u64));

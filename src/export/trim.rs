@@ -201,7 +201,7 @@ fn blocks_at_end(replay: &Replay, trace: &[TraceEvent], to: usize) -> Vec<LiveBl
         if let Some(state) = state_at(i as u32, replay.partner[i], true) {
             blocks.push(LiveBlock {
                 address: ev.addr,
-                size: replay.bytes[i],
+                size: replay.bytes(i),
                 requested: ev.size,
                 stack: ev.stack,
                 state,
@@ -226,7 +226,7 @@ fn freed_block_size(replay: &Replay, i: usize, from: usize) -> Option<u64> {
             .map(|b| b.size);
     }
     let alloc = p as usize;
-    (alloc < from && alloc < i).then(|| replay.bytes[alloc])
+    (alloc < from && alloc < i).then(|| replay.bytes(alloc))
 }
 
 /// Writes the trimmed snapshot of `window` as a protocol-2 pickle.

@@ -662,7 +662,7 @@ impl Changes {
                     };
                     last = Some((*l, lid));
                     label_of_event[i] = lid;
-                    push(i, r.bytes[i] as i64, lid, e.stack);
+                    push(i, r.bytes(i) as i64, lid, e.stack);
                 }
                 Action::FreeRequested | Action::FreeCompleted => {
                     let p = r.partner[i];
@@ -677,7 +677,7 @@ impl Changes {
                         }
                     } else if r.partner[p as usize] as usize == i {
                         let k = p as usize;
-                        push(i, -(r.bytes[k] as i64), label_of_event[k], events[k].stack);
+                        push(i, -(r.bytes(k) as i64), label_of_event[k], events[k].stack);
                     }
                 }
                 _ => {}
@@ -1013,12 +1013,12 @@ fn blocks(
         }
     }
     for (i, e) in events.iter().enumerate() {
-        if e.action == Action::Alloc && r.bytes[i] > 0 {
+        if e.action == Action::Alloc && r.bytes(i) > 0 {
             let free = r.partner[i];
             all.push(Carried {
                 start: i as i64,
                 end: if free == NONE { -1 } else { free as i64 },
-                bytes: r.bytes[i],
+                bytes: r.bytes(i),
                 stack: e.stack,
                 label: a.attribution.labels[i],
             });

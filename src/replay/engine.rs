@@ -9,9 +9,8 @@ use crate::snapshot::{BlockState, TraceEvent, MAX_REAL_SIZE, MAX_REAL_TOTAL};
 struct Recording {
     t: Totals,
     allocated: Vec<u64>,
-    requested: Vec<u64>,
+    requested: Requested,
     reserved_changes: Vec<(u32, u64)>,
-    bytes: Vec<u64>,
     partner: Vec<u32>,
     preexisting: Vec<Preexisting>,
     ooms: Vec<Oom>,
@@ -30,9 +29,8 @@ impl Recording {
         Recording {
             t: start,
             allocated: Vec::with_capacity(n),
-            requested: Vec::with_capacity(n),
+            requested: Requested::with_capacity(n),
             reserved_changes: Vec::new(),
-            bytes: vec![0; n],
             partner: vec![NONE; n],
             preexisting,
             ooms: Vec::new(),
@@ -54,8 +52,9 @@ impl Recording {
         bump(&mut self.peaks.requested, t.requested, i, offset);
         bump(&mut self.peaks.active, t.active, i, offset);
         bump(&mut self.peaks.reserved, t.reserved, i, offset);
+        self.requested
+            .push(&self.allocated, t.allocated, t.requested);
         self.allocated.push(t.allocated);
-        self.requested.push(t.requested);
         let last = self
             .reserved_changes
             .last()
@@ -344,7 +343,7 @@ impl Replayer<'_> {
             allocated: rec.allocated,
             requested: rec.requested,
             reserved_changes: rec.reserved_changes,
-            bytes: rec.bytes,
+            kept_bytes: None,
             partner: rec.partner,
             preexisting: rec.preexisting,
             start,
@@ -455,7 +454,6 @@ impl Replayer<'_> {
                     SizeModel::Allocator => size,
                     SizeModel::Rounded => rounded,
                 };
-                rec.bytes[i] = counted;
                 t.allocated = t.allocated.saturating_add(counted);
                 t.requested = t.requested.saturating_add(e.size);
                 t.active = t.active.saturating_add(counted);
@@ -695,6 +693,15 @@ fn anchor_at_end(replay: &mut Replay) {
     let target = replay.check.snapshot_allocated as i128;
     let delta = target - replay.end.allocated as i128;
     let shift = |v: u64| (v as i128 + delta).max(0) as u64;
+    // the requested figures are held against the allocated ones, which move: made whole first
+    let requested = std::mem::replace(&mut replay.requested, Requested::Whole(Vec::new()));
+    replay.requested = Requested::Whole(requested.into_whole(&replay.allocated));
+    // a shift that cuts a figure at zero loses the rise of the events there: their bytes are
+    // kept first
+    let lowest = replay.allocated.iter().copied().min().unwrap_or(0);
+    if (lowest.min(replay.start.allocated) as i128) + delta < 0 {
+        replay.kept_bytes = Some((0..replay.len()).map(|i| replay.bytes(i)).collect());
+    }
     for v in &mut replay.allocated {
         *v = shift(*v);
     }

@@ -153,6 +153,55 @@ pub struct Preexisting {
     pub live: bool,
 }
 
+/// Requested bytes after each event, held as what the allocated bytes after it exceed them by
+/// (the blocks' rounding, which fits 32 bits on any program seen: 4 bytes an event, not 8),
+/// or whole once that does not fit.
+#[derive(Clone, Debug)]
+pub(crate) enum Requested {
+    Below(Vec<u32>),
+    Whole(Vec<u64>),
+}
+
+impl Requested {
+    pub(crate) fn with_capacity(n: usize) -> Requested {
+        Requested::Below(Vec::with_capacity(n))
+    }
+
+    /// Adds the figures after the next event; `allocated` holds those of the events before.
+    pub(crate) fn push(&mut self, allocated: &[u64], now_allocated: u64, now_requested: u64) {
+        if let Requested::Below(below) = self {
+            let fits = now_allocated
+                .checked_sub(now_requested)
+                .and_then(|d| u32::try_from(d).ok());
+            if let Some(d) = fits {
+                below.push(d);
+                return;
+            }
+            let whole = below
+                .iter()
+                .zip(allocated)
+                .map(|(&d, &a)| a - u64::from(d))
+                .collect();
+            *self = Requested::Whole(whole);
+        }
+        if let Requested::Whole(whole) = self {
+            whole.push(now_requested);
+        }
+    }
+
+    /// Every figure whole, given the allocated series it was held against.
+    pub(crate) fn into_whole(self, allocated: &[u64]) -> Vec<u64> {
+        match self {
+            Requested::Whole(whole) => whole,
+            Requested::Below(below) => below
+                .iter()
+                .zip(allocated)
+                .map(|(&d, &a)| a - u64::from(d))
+                .collect(),
+        }
+    }
+}
+
 /// The replay of one device's trace.
 #[derive(Clone, Debug)]
 pub struct Replay {
@@ -162,13 +211,15 @@ pub struct Replay {
     pub model: SizeModel,
     /// Allocated bytes after each event.
     pub allocated: Vec<u64>,
-    /// Requested bytes after each event.
-    pub requested: Vec<u64>,
+    /// Requested bytes after each event ([`Replay::requested`]).
+    pub(crate) requested: Requested,
     /// Reserved bytes as `(event, bytes after it)` for each event that changed them, in order
     /// (segments change rarely, so this is much shorter than the trace).
     pub reserved_changes: Vec<(u32, u64)>,
-    /// For `alloc` events: the bytes the allocation counts (block or rounded size); else 0.
-    pub bytes: Vec<u64>,
+    /// Each event's bytes ([`Replay::bytes`]), kept only where they cannot be read from
+    /// [`Replay::allocated`]: a rounded-size replay shifted to the snapshot's end that went
+    /// below zero somewhere.
+    pub(crate) kept_bytes: Option<Vec<u64>>,
     /// For `alloc`: index of its `free_requested` ([`NONE`] if alive at the end). For
     /// `free_requested`/`free_completed`: index of the `alloc`, or `PRE | k` for
     /// [`Replay::preexisting`]`[k]`, or [`NONE`].
@@ -258,6 +309,36 @@ impl Replay {
     /// True when the device has no events.
     pub fn is_empty(&self) -> bool {
         self.allocated.is_empty()
+    }
+
+    /// Requested bytes after event `i` (0 past the end).
+    pub fn requested(&self, i: usize) -> u64 {
+        match &self.requested {
+            Requested::Whole(whole) => whole.get(i).copied().unwrap_or(0),
+            Requested::Below(below) => match (below.get(i), self.allocated.get(i)) {
+                (Some(&d), Some(&a)) => a - u64::from(d),
+                _ => 0,
+            },
+        }
+    }
+
+    /// For an `alloc` event: the bytes the allocation counts (block or rounded size); else 0.
+    ///
+    /// Read from the allocated series, not kept per event (8 bytes an event less): an
+    /// allocation is the only event that raises allocated bytes, and it raises them by exactly
+    /// what it counts (a free lowers them, any other event leaves them), so the rise at an
+    /// event is its bytes and a fall reads as 0.
+    pub fn bytes(&self, i: usize) -> u64 {
+        if let Some(kept) = &self.kept_bytes {
+            return kept.get(i).copied().unwrap_or(0);
+        }
+        let before = match i {
+            0 => self.start.allocated,
+            _ => self.allocated.get(i - 1).copied().unwrap_or(0),
+        };
+        self.allocated
+            .get(i)
+            .map_or(0, |&a| a.saturating_sub(before))
     }
 
     /// Reserved bytes after event `i`, or at trace start for `None`.

@@ -68,7 +68,7 @@ fn unsplit_block_counts_whole() {
     );
     let r = replay(&s, 0, SizeModel::Allocator);
     assert_eq!(r.allocated, vec![0, 15 * MB, 20 * MB]);
-    assert_eq!(r.bytes[2], 5 * MB);
+    assert_eq!(r.bytes(2), 5 * MB);
     assert!(r.check.consistent, "{:?}", r.check);
     assert_eq!(r.start.reserved, 0);
     assert_eq!(r.peaks.reserved.bytes, 20 * MB);
@@ -262,4 +262,72 @@ fn frees_complete_at_once_without_completions() {
         })
         .collect();
     assert_eq!(frees, vec![true, true]);
+}
+
+/// An allocation's bytes are the rise of allocated bytes at it, and every other event's 0;
+/// where a rounded replay's shift to the snapshot's end cuts figures at zero, the bytes are
+/// kept before the shift and read the same.
+#[test]
+fn an_allocations_bytes_are_the_rise_it_makes() {
+    let base = 1 << 40;
+    let s = snap(
+        vec![segment_with_a_live_block(base)],
+        vec![
+            ev(FreeRequested, base + MB, 2 * MB),
+            ev(FreeCompleted, base + MB, 2 * MB),
+            ev(Alloc, base + MB, 3 * MB),
+            ev(Alloc, base + 4 * MB, 5 * MB + 1000),
+            ev(FreeRequested, base + MB, 3 * MB),
+            ev(FreeCompleted, base + MB, 3 * MB),
+        ],
+    );
+    let bytes = |r: &Replay| (0..r.len()).map(|i| r.bytes(i)).collect::<Vec<_>>();
+    let r = replay(&s, 0, SizeModel::Allocator);
+    assert!(r.kept_bytes.is_none());
+    assert_eq!(bytes(&r), [0, 0, 3 * MB, 5 * MB + 1024, 0, 0]);
+    // the snapshot holds only the 1 MiB block at its end: the rounded replay, which ends
+    // with it and the 5 MiB block the snapshot does not hold, is shifted down by 5 MiB, past
+    // zero before the trace (which starts with 3 MiB)
+    let r = replay(&s, 0, SizeModel::Rounded);
+    assert_eq!(r.end.allocated, MB);
+    assert_eq!(r.start.allocated, 0, "cut at zero");
+    assert!(r.kept_bytes.is_some(), "{:?} {:?}", r.start, r.allocated);
+    assert_eq!(bytes(&r), [0, 0, 3 * MB, 5 * MB + 1024, 0, 0]);
+    assert_eq!(r.bytes(99), 0, "past the end");
+}
+
+/// Requested bytes are held as what allocated bytes exceed them by, and whole from the first
+/// figure that does not fit that way (a rounding of 4 GiB or more, or more requested than
+/// allocated): either way every figure reads back as it was given.
+#[test]
+fn requested_figures_read_back_however_they_are_held() {
+    let figures: [(u64, u64); 5] = [
+        (0, 0),
+        (5 * MB, 5 * MB - 24),
+        (6 << 30, 1 << 30),
+        (2 * MB, 3 * MB),
+        (7 * MB, 7 * MB),
+    ];
+    for cut in 1..=figures.len() {
+        let mut held = Requested::with_capacity(0);
+        let mut allocated = Vec::new();
+        for &(a, r) in &figures[..cut] {
+            held.push(&allocated, a, r);
+            allocated.push(a);
+        }
+        let whole_from = figures[..cut]
+            .iter()
+            .position(|&(a, r)| a < r || a - r > u64::from(u32::MAX));
+        assert_eq!(matches!(held, Requested::Whole(_)), whole_from.is_some());
+        let replay = Replay {
+            allocated: allocated.clone(),
+            requested: held.clone(),
+            ..replay(&snap(Vec::new(), Vec::new()), 0, SizeModel::Allocator)
+        };
+        let read: Vec<u64> = (0..cut).map(|i| replay.requested(i)).collect();
+        let given: Vec<u64> = figures[..cut].iter().map(|&(_, r)| r).collect();
+        assert_eq!(read, given);
+        assert_eq!(replay.requested(cut), 0, "past the end");
+        assert_eq!(held.into_whole(&allocated), given);
+    }
 }

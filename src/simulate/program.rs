@@ -147,7 +147,7 @@ impl Program {
             let e = &events[i];
             match e.action {
                 // An allocation the replay skipped (a size no GPU holds) is left out too.
-                Action::Alloc if replay.bytes[i] != 0 => ops.push((
+                Action::Alloc if replay.bytes(i) != 0 => ops.push((
                     i,
                     Op::Alloc {
                         req: i as u32,
