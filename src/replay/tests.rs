@@ -88,16 +88,25 @@ fn segment_with_a_live_block(base: u64) -> Segment {
     )
 }
 
+/// A snapshot of [`segment_with_a_live_block`] whose trace opens with the free of a 2 MiB block
+/// allocated before it (the block after the live one), then goes on with `then`.
+fn after_an_orphan_free(base: u64, then: &[TraceEvent]) -> crate::snapshot::Snapshot {
+    let mut events = vec![
+        ev(FreeRequested, base + MB, 2 * MB),
+        ev(FreeCompleted, base + MB, 2 * MB),
+    ];
+    events.extend_from_slice(then);
+    snap(vec![segment_with_a_live_block(base)], events)
+}
+
 #[test]
 fn preexisting_blocks_and_orphan_frees() {
     let base = 1 << 40;
     // Block A (1 MiB) alive before the trace and still at the end; block B (2 MiB) allocated
     // before the trace and freed in it; C allocated and freed in the trace.
-    let s = snap(
-        vec![segment_with_a_live_block(base)],
-        vec![
-            ev(FreeRequested, base + MB, 2 * MB),
-            ev(FreeCompleted, base + MB, 2 * MB),
+    let s = after_an_orphan_free(
+        base,
+        &[
             ev(Alloc, base + MB, 3 * MB),
             ev(FreeRequested, base + MB, 3 * MB),
             ev(FreeCompleted, base + MB, 3 * MB),
@@ -209,13 +218,7 @@ fn expandable_segment_grows_and_shrinks() {
 #[test]
 fn the_preview_says_before_the_replay_what_the_replay_finds() {
     let base = 1 << 40;
-    let orphan_free = snap(
-        vec![segment_with_a_live_block(base)],
-        vec![
-            ev(FreeRequested, base + MB, 2 * MB),
-            ev(FreeCompleted, base + MB, 2 * MB),
-        ],
-    );
+    let orphan_free = after_an_orphan_free(base, &[]);
     let failed = snap(
         vec![],
         vec![ev(SegmentAlloc, base, 20 * MB), ev(Oom, 123, 40 * MB)],
@@ -270,11 +273,9 @@ fn frees_complete_at_once_without_completions() {
 #[test]
 fn an_allocations_bytes_are_the_rise_it_makes() {
     let base = 1 << 40;
-    let s = snap(
-        vec![segment_with_a_live_block(base)],
-        vec![
-            ev(FreeRequested, base + MB, 2 * MB),
-            ev(FreeCompleted, base + MB, 2 * MB),
+    let s = after_an_orphan_free(
+        base,
+        &[
             ev(Alloc, base + MB, 3 * MB),
             ev(Alloc, base + 4 * MB, 5 * MB + 1000),
             ev(FreeRequested, base + MB, 3 * MB),

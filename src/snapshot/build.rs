@@ -913,17 +913,33 @@ pub(crate) mod read_whole_tests {
             i
         }
 
-        /// A trace entry whose frame list is written by `frames`.
+        /// A trace entry of 512 bytes allocated at `addr` whose frame list is written by
+        /// `frames`.
         fn entry(&mut self, addr: i32, frames: impl FnOnce(&mut Writer)) {
+            self.entry_with(
+                |w| {
+                    w.str("action");
+                    w.str("alloc");
+                    w.str("addr");
+                    w.int(addr);
+                    w.str("size");
+                    w.int(512);
+                },
+                frames,
+            );
+        }
+
+        /// A trace entry whose pairs before its frame list are written by `pairs`, and the
+        /// list's items by `frames`.
+        fn entry_with(
+            &mut self,
+            pairs: impl FnOnce(&mut Writer),
+            frames: impl FnOnce(&mut Writer),
+        ) {
             self.op(&[op::EMPTY_DICT]);
             self.memoize();
             self.op(&[op::MARK]);
-            self.str("action");
-            self.str("alloc");
-            self.str("addr");
-            self.int(addr);
-            self.str("size");
-            self.int(512);
+            pairs(self);
             self.str("frames");
             self.op(&[op::EMPTY_LIST]);
             self.memoize();
@@ -1010,25 +1026,21 @@ pub(crate) mod read_whole_tests {
             f
         };
         for (k, (stream, context)) in streams.iter().zip(contexts).enumerate() {
-            w.op(&[op::EMPTY_DICT]);
-            w.memoize();
-            w.op(&[op::MARK]);
-            w.str("action");
-            w.str("alloc");
-            w.str("addr");
-            w.int(0x2000 + 512 * k as i32);
-            w.str("size");
-            w.int(512);
-            w.str("stream");
-            w.int(*stream);
-            w.str("compile_context");
-            w.str(context);
-            w.str("frames");
-            w.op(&[op::EMPTY_LIST]);
-            w.memoize();
-            w.op(&[op::MARK]);
-            w.get(frame);
-            w.op(&[op::APPENDS, op::SETITEMS]);
+            w.entry_with(
+                |w| {
+                    w.str("action");
+                    w.str("alloc");
+                    w.str("addr");
+                    w.int(0x2000 + 512 * k as i32);
+                    w.str("size");
+                    w.int(512);
+                    w.str("stream");
+                    w.int(*stream);
+                    w.str("compile_context");
+                    w.str(context);
+                },
+                |w| w.get(frame),
+            );
         }
         w.op(&TRACE_TAIL);
         assert_eq!(flat_agrees(&w.bytes), Ok(7), "every entry is read whole");
@@ -1060,31 +1072,27 @@ pub(crate) mod read_whole_tests {
             f
         };
         for k in 0..6u8 {
-            w.op(&[op::EMPTY_DICT]);
-            w.memoize();
-            w.op(&[op::MARK]);
-            w.str("action");
-            w.str(if k % 2 == 0 {
-                "alloc"
-            } else {
-                "free_requested"
-            });
-            w.str("addr");
-            w.op(&[op::LONG1, 5, 0, 0x10, k, 0, 0x7f]);
-            w.str("size");
-            w.op(&[op::BININT2, 0, 2]);
-            w.str("stream");
-            w.op(&[op::BININT1, k]);
-            w.str("time_us");
-            w.int(1000 + i32::from(k));
-            w.str("compile_context");
-            w.str("N/A");
-            w.str("frames");
-            w.op(&[op::EMPTY_LIST]);
-            w.memoize();
-            w.op(&[op::MARK]);
-            w.get(frame);
-            w.op(&[op::APPENDS, op::SETITEMS]);
+            w.entry_with(
+                |w| {
+                    w.str("action");
+                    w.str(if k % 2 == 0 {
+                        "alloc"
+                    } else {
+                        "free_requested"
+                    });
+                    w.str("addr");
+                    w.op(&[op::LONG1, 5, 0, 0x10, k, 0, 0x7f]);
+                    w.str("size");
+                    w.op(&[op::BININT2, 0, 2]);
+                    w.str("stream");
+                    w.op(&[op::BININT1, k]);
+                    w.str("time_us");
+                    w.int(1000 + i32::from(k));
+                    w.str("compile_context");
+                    w.str("N/A");
+                },
+                |w| w.get(frame),
+            );
         }
         w.op(&TRACE_TAIL);
         assert_eq!(flat_agrees(&w.bytes), Ok(7), "every entry is read whole");
