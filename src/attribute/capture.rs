@@ -12,7 +12,7 @@
 use rustc_hash::FxHashMap;
 
 use super::evidence::{Evidence, Ledger};
-use super::{Category, Label, Names};
+use super::{Category, Labels, Names};
 use crate::replay::{Replay, NONE};
 use crate::snapshot::tensors::{CaptureTensors, Tensor, TensorKind};
 use crate::snapshot::{Action, Snapshot};
@@ -53,8 +53,8 @@ pub(crate) fn add(
     replay: &Replay,
     capture: &CaptureTensors,
     names: &mut Names,
-    labels: &mut [Label],
-    preexisting: &mut [Label],
+    labels: &mut Labels,
+    preexisting: &mut Labels,
     ledger: &mut Ledger,
 ) -> Matched {
     let events = snap.trace(replay.device);
@@ -94,7 +94,8 @@ pub(crate) fn add(
             if let Some(i) = made {
                 ledger.add(i, Evidence::Capture, category(t.kind));
                 if done_trace.insert(i) {
-                    labels[i].stage = names.intern(&name(capture, t));
+                    let stage = names.intern(&name(capture, t));
+                    labels.update(i, |l| l.stage = stage);
                     matched.blocks += 1;
                 }
                 continue;
@@ -116,10 +117,12 @@ pub(crate) fn add(
             match old {
                 Some(k) => {
                     if done_before.insert(k) {
-                        let l = &mut preexisting[k];
-                        l.category = category(t.kind);
-                        l.evidence = Evidence::Capture;
-                        l.stage = names.intern(&name(capture, t));
+                        let stage = names.intern(&name(capture, t));
+                        preexisting.update(k, |l| {
+                            l.category = category(t.kind);
+                            l.evidence = Evidence::Capture;
+                            l.stage = stage;
+                        });
                         matched.blocks += 1;
                     }
                 }

@@ -38,7 +38,7 @@ use serde::Serialize;
 
 use super::evidence::{Evidence, Ledger};
 
-use super::{frames, Label, Names, Phase};
+use super::{frames, Labels, Names, Phase};
 use crate::replay::{Replay, NONE};
 use crate::snapshot::{Action, Snapshot, TraceEvent};
 
@@ -155,7 +155,7 @@ pub(crate) fn assign_pipeline(
     snap: &Snapshot,
     replay: &Replay,
     names: &Names,
-    labels: &mut [Label],
+    labels: &mut Labels,
 ) {
     let events = snap.trace(replay.device);
     let mut stack_cache = frames::PerStack::new(snap);
@@ -205,22 +205,23 @@ pub(crate) fn assign_pipeline(
         } else {
             Category::Unknown
         };
-        labels[i].category = category;
+        labels.update(i, |l| l.category = category);
     }
     copy_to_frees(replay, events, labels);
 }
 
 /// Gives each free the category (and its evidence) of the allocation it ends.
-pub(crate) fn copy_to_frees(replay: &Replay, events: &[TraceEvent], labels: &mut [Label]) {
-    for i in 0..events.len().min(labels.len()) {
-        if events[i].action != Action::Alloc {
+pub(crate) fn copy_to_frees(replay: &Replay, events: &[TraceEvent], labels: &mut Labels) {
+    for (i, e) in events.iter().enumerate().take(labels.len()) {
+        if e.action != Action::Alloc {
             let p = replay.partner[i];
             if p != NONE && p & crate::replay::PREEXISTING == 0 {
-                labels[i].category = labels[p as usize].category;
-                labels[i].evidence = labels[p as usize].evidence;
+                let of = labels[p as usize];
+                labels.update(i, |l| (l.category, l.evidence) = (of.category, of.evidence));
             } else if p != NONE {
-                labels[i].category = Category::PreExisting;
-                labels[i].evidence = Evidence::BeforeTrace;
+                labels.update(i, |l| {
+                    (l.category, l.evidence) = (Category::PreExisting, Evidence::BeforeTrace)
+                });
             }
         }
     }
@@ -354,7 +355,7 @@ struct StepBounds {
 }
 
 impl StepBounds {
-    fn new(labels: &[Label]) -> StepBounds {
+    fn new(labels: &Labels) -> StepBounds {
         let steps = labels
             .iter()
             .map(|l| l.train_step as usize + 1)
@@ -385,7 +386,7 @@ impl StepBounds {
 }
 
 /// Stretches of events of one step, phase and micro-batch: `run[i]` numbers event `i`'s.
-pub(crate) fn runs(labels: &[Label]) -> Vec<u32> {
+pub(crate) fn runs(labels: &Labels) -> Vec<u32> {
     let mut run = vec![0u32; labels.len()];
     for i in 1..labels.len() {
         let (a, b) = (&labels[i - 1], &labels[i]);
@@ -403,7 +404,7 @@ pub(crate) fn add_life(
     snap: &Snapshot,
     replay: &Replay,
     names: &Names,
-    labels: &[Label],
+    labels: &Labels,
     run: &[u32],
     ledger: &mut Ledger,
 ) {

@@ -25,7 +25,7 @@
 
 use super::evidence::{Evidence, Ledger};
 use super::frames::{self, PerStack};
-use super::{Category, Label, Names, Phase};
+use super::{Category, Labels, Names, Phase};
 use crate::replay::{Replay, NONE};
 use crate::snapshot::{Action, Snapshot, StackId};
 
@@ -226,7 +226,7 @@ pub(crate) fn add(
     snap: &Snapshot,
     replay: &Replay,
     names: &Names,
-    labels: &[Label],
+    labels: &Labels,
     run: &[u32],
     ledger: &mut Ledger,
 ) {

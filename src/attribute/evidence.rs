@@ -10,7 +10,7 @@
 
 use serde::Serialize;
 
-use super::{Category, Label};
+use super::{Category, Labels};
 
 /// What decided a category, weakest first: a stronger kind overrides a weaker one.
 #[derive(
@@ -118,18 +118,19 @@ impl Ledger {
     /// Sets the category and evidence of every allocation in `labels` (`is_alloc` says which
     /// events are allocations): the strongest evidence, or `unknown` where it is missing or
     /// contradicts itself.
-    pub(crate) fn decide(&self, labels: &mut [Label], is_alloc: impl Fn(usize) -> bool) {
-        for (i, (l, b)) in labels.iter_mut().zip(&self.best).enumerate() {
+    pub(crate) fn decide(&self, labels: &mut Labels, is_alloc: impl Fn(usize) -> bool) {
+        for (i, b) in self.best.iter().enumerate().take(labels.len()) {
             if !is_alloc(i) {
                 continue;
             }
-            (l.category, l.evidence) = if b.conflict {
+            let decided = if b.conflict {
                 (Category::Unknown, Evidence::Conflict)
             } else if b.evidence == Evidence::None {
                 (Category::Unknown, Evidence::None)
             } else {
                 (b.category, b.evidence)
             };
+            labels.update(i, |l| (l.category, l.evidence) = decided);
         }
     }
 }
@@ -149,7 +150,7 @@ mod tests {
         l.add(1, Evidence::Capture, Category::Parameter);
         l.add(2, Evidence::Code, Category::Gradient);
         l.add(2, Evidence::Code, Category::Communication);
-        let mut labels = vec![Label::EMPTY; 4];
+        let mut labels = Labels::filled(super::super::Label::EMPTY, 4);
         let ledger_with_extra = {
             let mut l2 = Ledger::new(4);
             l2.best[..3].copy_from_slice(&l.best);

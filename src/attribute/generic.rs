@@ -24,7 +24,7 @@
 
 use super::source::SourceFiles;
 use super::{frames, modules};
-use super::{Label, Names, Phase, STEP_NONE};
+use super::{Label, Labels, Names, Phase, STEP_NONE};
 use crate::replay::Preview;
 use crate::snapshot::{Action, Snapshot, StackId, Stage, StrId, TraceEvent};
 
@@ -469,7 +469,7 @@ pub(crate) fn label(
     preview: &Preview,
     sources: &mut SourceFiles,
     names: &mut Names,
-    labels: &mut [Label],
+    labels: &mut Labels,
     all: bool,
 ) -> PhaseSources {
     let mut classes = modules::ClassNames::default();
@@ -494,11 +494,13 @@ pub(crate) fn label(
     let mut phase_seen = false;
     for (i, e) in events.iter().enumerate() {
         let active = ranges.at(e.time_us);
+        let mut l = labels[i];
         if let Some(name) = active.last().map(|r| r.2) {
-            labels[i].annotation = names.intern(snap.str(name));
+            l.annotation = names.intern(snap.str(name));
         }
         let step_from_annotation = active.iter().rev().find_map(|r| step_number(snap.str(r.2)));
-        if !all && labels[i].pipe_step != STEP_NONE {
+        if !all && l.pipe_step != STEP_NONE {
+            labels.set(i, l);
             continue;
         }
         let f: Facts = cache.get(e.stack, || {
@@ -554,7 +556,6 @@ pub(crate) fn label(
                 }));
             }
         }
-        let l = &mut labels[i];
         l.phase = phase;
         l.op = ops.of(phase, evidence.zero_grad, f.recompute);
         if all {
@@ -584,15 +585,15 @@ pub(crate) fn label(
         if l.detail == super::NameId::default() {
             l.detail = detail(snap, e, names);
         }
+        labels.set(i, l);
     }
     if let Some(last) = setup_until {
-        for l in labels[..=last]
-            .iter_mut()
-            .filter(|l| l.phase == Phase::Other)
-        {
-            l.phase = Phase::Setup;
-            l.op = ops.setup;
-        }
+        labels.map_range(0..last + 1, |l| {
+            if l.phase == Phase::Other {
+                l.phase = Phase::Setup;
+                l.op = ops.setup;
+            }
+        });
     }
     if all && !steps.seen {
         let quiet: Vec<usize> = quiet_phases(snap, preview.device)
@@ -794,7 +795,7 @@ fn detail(snap: &Snapshot, e: &TraceEvent, names: &mut Names) -> super::NameId {
 /// Layers of loops: the outermost method called from a loop gets its ordinal in the stage's
 /// text and as the label's layer.
 fn number_layers(
-    labels: &mut [Label],
+    labels: &mut Labels,
     names: &mut Names,
     chains: &[modules::Chain],
     layers: &modules::LayerCounter,
@@ -811,10 +812,14 @@ fn number_layers(
         };
         let mut shown = vec![None; c.methods.len()];
         shown[d] = ordinals.get(d).copied();
-        labels[i].stage = names.intern(&c.render(&shown));
-        if let Some(&k) = ordinals.get(d) {
-            labels[i].layer = k;
-        }
+        let stage = names.intern(&c.render(&shown));
+        let layer = ordinals.get(d).copied();
+        labels.update(i, |l| {
+            l.stage = stage;
+            if let Some(k) = layer {
+                l.layer = k;
+            }
+        });
     }
 }
 
@@ -828,7 +833,7 @@ fn number_layers(
 pub(crate) fn frees_outside_phases(
     snap: &Snapshot,
     replay: &crate::replay::Replay,
-    labels: &mut [Label],
+    labels: &mut Labels,
     other: super::NameId,
 ) {
     let events = snap.trace(replay.device);
@@ -891,10 +896,11 @@ pub(crate) fn frees_outside_phases(
             // the stretch ends before this free
             start = i;
             last_work = None;
-            let l = &mut labels[i];
-            l.phase = Phase::Other;
-            l.op = other;
-            l.mb = super::NO_MB;
+            labels.update(i, |l| {
+                l.phase = Phase::Other;
+                l.op = other;
+                l.mb = super::NO_MB;
+            });
         }
     }
 }
@@ -949,17 +955,17 @@ fn left(snap: &Snapshot, stack: StackId, scope: Scope) -> bool {
 /// of each step.
 pub(crate) fn program_steps(
     events: &[TraceEvent],
-    labels: &mut [Label],
+    labels: &mut Labels,
     steps: &[crate::snapshot::tensors::ProgramStep],
 ) -> Vec<i64> {
     let mut ordered: Vec<_> = steps.to_vec();
     ordered.sort_by_key(|s| s.start_us);
     let mut k = 0;
-    for (e, l) in events.iter().zip(labels.iter_mut()) {
+    for (i, e) in events.iter().enumerate().take(labels.len()) {
         while k + 1 < ordered.len() && ordered[k + 1].start_us <= e.time_us {
             k += 1;
         }
-        l.train_step = k.min(u16::MAX as usize) as u16;
+        labels.update(i, |l| l.train_step = k.min(u16::MAX as usize) as u16);
     }
     // micro-batches numbered afresh in each step, and only in steps that have several
     let mut seen: Vec<Vec<u16>> = vec![Vec::new(); ordered.len().max(1)];
@@ -969,13 +975,16 @@ pub(crate) fn program_steps(
             s.push(l.mb);
         }
     }
-    for l in labels.iter_mut().filter(|l| l.mb != super::NO_MB) {
+    labels.map_range(0..labels.len(), |l| {
+        if l.mb == super::NO_MB {
+            return;
+        }
         let s = &seen[(l.train_step as usize).min(ordered.len().max(1) - 1)];
         l.mb = match s.len() {
             1 => super::NO_MB,
             _ => s.iter().position(|&m| m == l.mb).unwrap_or(0) as u16,
         };
-    }
+    });
     ordered.iter().map(|s| s.step).collect()
 }
 
@@ -1018,7 +1027,7 @@ enum Cut {
 ///   the next batch opens the step that uses it.
 fn count_train_steps(
     snap: &Snapshot,
-    labels: &mut [Label],
+    labels: &mut Labels,
     events: &[TraceEvent],
     updates: &Updates,
 ) {
@@ -1050,7 +1059,7 @@ fn is_free(events: &[TraceEvent], k: usize) -> bool {
 /// micro-batch), a forward or an update after an update (the next step or the next optimizer).
 fn find_stretches(
     snap: &Snapshot,
-    labels: &[Label],
+    labels: &Labels,
     events: &[TraceEvent],
     updates: &Updates,
 ) -> Stretches {
@@ -1142,7 +1151,7 @@ fn find_stretches(
 
 /// After the last update, what runs once the code that ran the steps has returned is the
 /// program's wrap-up.
-fn mark_wrap_up(snap: &Snapshot, labels: &mut [Label], events: &[TraceEvent], st: &Stretches) {
+fn mark_wrap_up(snap: &Snapshot, labels: &mut Labels, events: &[TraceEvent], st: &Stretches) {
     let n = labels.len();
     let last_end = st.last_end;
     if st.sites.last().is_none_or(Vec::is_empty) || last_end + 1 >= n {
@@ -1159,17 +1168,17 @@ fn mark_wrap_up(snap: &Snapshot, labels: &mut [Label], events: &[TraceEvent], st
         return;
     };
     if let Some(k) = (last_end + 1..n).find(|&k| left(snap, events[k].stack, scope)) {
-        for l in &mut labels[k..] {
+        labels.map_range(k..n, |l| {
             if l.phase == Phase::Other || l.flags & super::CONTINUED != 0 {
                 l.phase = Phase::WrapUp;
             }
-        }
+        });
     }
 }
 
 /// Numbers steps and micro-batches from the cuts: a cut after an update starts a step, unless
 /// the next stretch that updates does so with optimizers this step has not updated yet.
-fn number_steps(labels: &mut [Label], st: &Stretches, any_update: bool, stopped_by_oom: bool) {
+fn number_steps(labels: &mut Labels, st: &Stretches, any_update: bool, stopped_by_oom: bool) {
     let n = labels.len();
     let (cuts, sites) = (&st.cuts, &st.sites);
     let mut step: u16 = 0;
@@ -1206,7 +1215,7 @@ fn number_steps(labels: &mut [Label], st: &Stretches, any_update: bool, stopped_
     }
     for (k, &(from, s, m)) in numbered.iter().enumerate() {
         let to = numbered.get(k + 1).map_or(n, |c| c.0);
-        for l in &mut labels[from.min(to)..to] {
+        labels.map_range(from.min(to)..to, |l| {
             l.train_step = s;
             let per_micro = matches!(l.phase, Phase::Forward | Phase::Backward);
             l.mb = if several[s as usize] && per_micro {
@@ -1214,7 +1223,7 @@ fn number_steps(labels: &mut [Label], st: &Stretches, any_update: bool, stopped_
             } else {
                 super::NO_MB
             };
-        }
+        });
     }
 }
 
@@ -1259,7 +1268,7 @@ mod tests {
         quiet: &[usize],
         stopped_by_oom: bool,
     ) -> Vec<(u16, u16)> {
-        let mut labels: Vec<Label> = trace
+        let labels: Vec<Label> = trace
             .iter()
             .map(|&(phase, _)| Label {
                 phase,
@@ -1285,6 +1294,7 @@ mod tests {
             stopped_by_oom,
         };
         let snap = Snapshot::default();
+        let mut labels = Labels::from(labels);
         count_train_steps(&snap, &mut labels, &events, &updates);
         labels.iter().map(|l| (l.train_step, l.mb)).collect()
     }

@@ -24,6 +24,8 @@
 //! the one place that decides: the strongest evidence wins, evidence of one strength that
 //! contradicts itself gives `unknown`, and every label keeps the kind of evidence that decided
 //! it ([`Evidence`]).
+//!
+//! Every event gets one [`Label`]; a long trace keeps each distinct label once ([`labels`]).
 
 mod capture;
 pub mod category;
@@ -32,6 +34,7 @@ pub mod evidence;
 pub mod frames;
 pub mod generic;
 mod infer;
+pub mod labels;
 pub mod modules;
 pub mod pipeline;
 pub mod rules;
@@ -48,6 +51,7 @@ use crate::snapshot::{Action, Snapshot};
 
 pub use category::Category;
 pub use evidence::Evidence;
+pub use labels::Labels;
 pub use schedule::Shape;
 
 /// Index of a label text in [`Names`]; 0 is the empty label. Sixteen bits keep a per-event
@@ -321,9 +325,9 @@ pub struct Attribution {
     /// The preset used.
     pub preset: Preset,
     /// One label per trace event (for frees: the label of the event itself, by time).
-    pub labels: Vec<Label>,
+    pub labels: Labels,
     /// Labels of the blocks alive before the trace ([`Replay::preexisting`]).
-    pub preexisting: Vec<Label>,
+    pub preexisting: Labels,
     /// Label texts.
     pub names: Names,
     /// Pipeline details when the pithtrain preset was used.
@@ -416,7 +420,7 @@ pub fn attribute(snap: &Snapshot, replay: &Replay, options: &Options) -> Attribu
 pub struct Labelled {
     device: u32,
     preset: Preset,
-    labels: Vec<Label>,
+    labels: Labels,
     names: Names,
     pipeline: Option<PipelineInfo>,
     phase_sources: generic::PhaseSources,
@@ -429,13 +433,13 @@ pub struct Labelled {
 pub fn label(snap: &Snapshot, preview: &Preview, options: &Options) -> Labelled {
     let events = snap.trace(preview.device);
     let mut names = Names::default();
-    let mut labels = vec![
+    let mut labels = Labels::filled(
         Label {
             call: 0,
             ..Label::EMPTY
-        };
-        events.len()
-    ];
+        },
+        events.len(),
+    );
     let mut info = None;
     let mut sources =
         source::SourceFiles::new(options.source_roots.clone(), options.recorded_sources);
@@ -493,7 +497,7 @@ impl Labelled {
             quiet,
             step_numbers,
         } = self;
-        let mut preexisting = vec![Label::BEFORE_TRACE; replay.preexisting.len()];
+        let mut preexisting = Labels::filled(Label::BEFORE_TRACE, replay.preexisting.len());
         let events = snap.trace(device);
         if preset == Preset::Generic {
             let other = names.intern(Phase::Other.as_str());
@@ -535,14 +539,14 @@ impl Labelled {
             let before: Vec<Category> = labels.iter().map(|l| l.category).collect();
             let before_pre: Vec<Category> = preexisting.iter().map(|l| l.category).collect();
             rules.apply(snap, replay, &mut names, &mut labels, &mut preexisting);
-            for (l, b) in labels.iter_mut().zip(before) {
-                if l.category != b {
-                    l.evidence = Evidence::Rules;
+            for (i, b) in before.into_iter().enumerate() {
+                if labels[i].category != b {
+                    labels.update(i, |l| l.evidence = Evidence::Rules);
                 }
             }
-            for (l, b) in preexisting.iter_mut().zip(before_pre) {
-                if l.category != b {
-                    l.evidence = Evidence::Rules;
+            for (k, b) in before_pre.into_iter().enumerate() {
+                if preexisting[k].category != b {
+                    preexisting.update(k, |l| l.evidence = Evidence::Rules);
                 }
             }
         }
@@ -563,6 +567,13 @@ impl Labelled {
             unmatched: m.unmatched,
             allowed_bytes: snap.capture.as_ref().and_then(|c| c.allowed_bytes),
         });
+        if std::env::var_os("MEMSNAP_DEBUG_LABELS").is_some() {
+            eprintln!(
+                "labels: {} events, {} stored",
+                labels.len(),
+                labels.stored()
+            );
+        }
         Attribution {
             device,
             preset,

@@ -23,7 +23,7 @@ use super::infer;
 use super::schedule::{self, CallKind, Shape};
 use super::source::{self, SourceFiles};
 use super::{
-    Label, Names, Phase, PipelineInfo, StepSource, NO_MB, STEP_AFTER, STEP_BEFORE, STEP_NONE,
+    Labels, Names, Phase, PipelineInfo, StepSource, NO_MB, STEP_AFTER, STEP_BEFORE, STEP_NONE,
 };
 use crate::replay::Preview;
 use crate::snapshot::{Snapshot, StackId};
@@ -325,7 +325,7 @@ pub(crate) fn label(
     preview: &Preview,
     sources: &mut SourceFiles,
     names: &mut Names,
-    labels: &mut [Label],
+    labels: &mut Labels,
 ) -> Option<PipelineInfo> {
     let events = snap.trace(preview.device);
     let mut facts = frames::PerStack::new(snap);
@@ -755,7 +755,7 @@ fn label_events(
     call_labels: &[CallLabel],
     sources: &mut SourceFiles,
     names: &mut Names,
-    labels: &mut [Label],
+    labels: &mut Labels,
     cache: &mut frames::PerStack<StackFacts>,
 ) {
     let mut stages = Stages::new();
@@ -765,49 +765,52 @@ fn label_events(
     let autograd_thread = names.intern(super::AUTOGRAD_THREAD);
     let mut layer: Vec<(u16, bool)> = vec![(0, false); scan.calls.len()];
     for (i, e) in events.iter().enumerate() {
-        let l = &mut labels[i];
-        l.train_step = scan.train_step[i];
-        let c = scan.call_of[i];
-        if c == u32::MAX {
-            continue;
-        }
-        let call = &scan.calls[c as usize];
-        let cl = call_labels[c as usize];
-        l.call = c;
-        l.pipe_step = call.step;
-        l.op = cl.op;
-        l.mb = cl.mb;
-        l.mb_backward = cl.mb_backward;
-        let main = fact(cache, snap, e.stack).step.is_some();
-        l.phase = match call.kind {
-            CallKind::ForwardBackward if !main => Phase::Backward,
-            CallKind::Forward | CallKind::Backward | CallKind::Weight if !main => Phase::Backward,
-            _ => cl.phase,
-        };
-        let stage = stage_cache.get(e.stack, || {
-            stage_of_stack(snap, e.stack, sources, &mut stages)
-                .map(|(t, s1)| (names.intern(&t), s1))
-        });
-        if let Some((stage, is_stage1)) = stage {
-            l.stage = stage;
-            if main {
-                let entry = &mut layer[c as usize];
-                if is_stage1 && !entry.1 {
-                    entry.0 += 1;
+        labels.update(i, |l| {
+            l.train_step = scan.train_step[i];
+            let c = scan.call_of[i];
+            if c == u32::MAX {
+                return;
+            }
+            let call = &scan.calls[c as usize];
+            let cl = call_labels[c as usize];
+            l.call = c;
+            l.pipe_step = call.step;
+            l.op = cl.op;
+            l.mb = cl.mb;
+            l.mb_backward = cl.mb_backward;
+            let main = fact(cache, snap, e.stack).step.is_some();
+            l.phase = match call.kind {
+                CallKind::ForwardBackward if !main => Phase::Backward,
+                CallKind::Forward | CallKind::Backward | CallKind::Weight if !main => {
+                    Phase::Backward
                 }
-                entry.1 = is_stage1;
-                l.layer = entry.0.saturating_sub(1);
+                _ => cl.phase,
+            };
+            let stage = stage_cache.get(e.stack, || {
+                stage_of_stack(snap, e.stack, sources, &mut stages)
+                    .map(|(t, s1)| (names.intern(&t), s1))
+            });
+            if let Some((stage, is_stage1)) = stage {
+                l.stage = stage;
+                if main {
+                    let entry = &mut layer[c as usize];
+                    if is_stage1 && !entry.1 {
+                        entry.0 += 1;
+                    }
+                    entry.1 = is_stage1;
+                    l.layer = entry.0.saturating_sub(1);
+                }
+            } else if !main {
+                if let Some(node) = node_cache.get(e.stack, || {
+                    frames::autograd_node(snap, e.stack).map(|n| names.intern(&n))
+                }) {
+                    l.detail = node;
+                }
+                if l.phase == Phase::Backward {
+                    l.stage = autograd_thread;
+                }
             }
-        } else if !main {
-            if let Some(node) = node_cache.get(e.stack, || {
-                frames::autograd_node(snap, e.stack).map(|n| names.intern(&n))
-            }) {
-                l.detail = node;
-            }
-            if l.phase == Phase::Backward {
-                l.stage = autograd_thread;
-            }
-        }
+        });
     }
 }
 

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use regex::Regex;
 use serde::Deserialize;
 
-use super::{Category, Label, Names, Phase};
+use super::{Category, Label, Labels, Names, Phase};
 use crate::replay::Replay;
 use crate::snapshot::{Action, Snapshot, StackId};
 
@@ -254,8 +254,8 @@ impl RuleSet {
         snap: &Snapshot,
         replay: &Replay,
         names: &mut Names,
-        labels: &mut [Label],
-        preexisting: &mut [Label],
+        labels: &mut Labels,
+        preexisting: &mut Labels,
     ) {
         let mut cache: HashMap<StackId, Vec<usize>> = HashMap::new();
         let events = snap.trace(replay.device);
@@ -267,21 +267,22 @@ impl RuleSet {
                 .entry(e.stack)
                 .or_insert_with(|| self.resolve(snap, e.stack))
                 .clone();
-            self.set(&matched, names, &mut labels[i]);
+            labels.update(i, |l| self.set(&matched, names, l));
         }
         for (k, p) in replay.preexisting.iter().enumerate() {
             let matched = cache
                 .entry(p.stack)
                 .or_insert_with(|| self.resolve(snap, p.stack))
                 .clone();
-            self.set(&matched, names, &mut preexisting[k]);
+            preexisting.update(k, |l| self.set(&matched, names, l));
         }
         // frees follow their allocation's category
-        for i in 0..events.len() {
-            if events[i].action != Action::Alloc {
+        for (i, e) in events.iter().enumerate() {
+            if e.action != Action::Alloc {
                 let p = replay.partner[i];
                 if p != crate::replay::NONE && p & crate::replay::PREEXISTING == 0 {
-                    labels[i].category = labels[p as usize].category;
+                    let category = labels[p as usize].category;
+                    labels.update(i, |l| l.category = category);
                 }
             }
         }

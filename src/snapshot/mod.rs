@@ -24,6 +24,8 @@ pub mod tensors;
 
 use std::path::Path;
 
+#[cfg(test)]
+pub(crate) use build::read_whole_tests::every_snapshot;
 pub use build::{flat_agrees, from_pickle, HOST_DEVICE, MAX_DEVICE, MAX_TIME_US};
 pub use load::{load, load_open, LoadOptions};
 #[cfg(unix)]
