@@ -395,8 +395,8 @@ fn cut_points(file: &File, len: u64, parts: usize) -> Vec<u64> {
 
 /// Fewest threads worth a split. Each later part first walks the whole pickle before its cut,
 /// and the first one then translates every part's rows: on 2 cores, once entries were read
-/// whole (`pickle::vm::flat`), a 127 MB file took as long in two parts as in one (0.46-0.53 s
-/// against 0.38-0.67 s), with 1.4x the memory.
+/// whole (`pickle::vm::flat`), a 127 MB file took 0.53 s in two parts against 0.35 s in one
+/// (medians of 11 runs in alternation), with 1.45x the memory.
 const MIN_THREADS: usize = 4;
 
 /// How many parts to decode a plain file of `len` bytes in (1: in one piece), on at most
