@@ -260,9 +260,12 @@ fn crowded(table: &[Label], ids: &[u32]) -> bool {
 }
 
 #[cfg(test)]
+use std::cell::Cell;
+
+#[cfg(test)]
 thread_local! {
     /// The store tests ask for on this thread, whatever the trace's size: `Some(true)`, a table.
-    pub(crate) static FORCE_TABLE: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    pub(crate) static FORCE_TABLE: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
 fn forced() -> Option<bool> {
