@@ -41,16 +41,45 @@ pub struct Labels {
 
 #[derive(Clone, Debug)]
 enum Store {
-    /// Each event's index into `table`; `index` finds a label's place in `table`, `last` is
-    /// the place written last.
-    Interned {
-        ids: Vec<u32>,
-        table: Vec<Label>,
-        index: FxHashMap<Key, u32>,
-        last: u32,
-    },
+    /// Each distinct label once, and each event's place in it.
+    Interned(Table),
     /// One label per event.
     Plain(Vec<Label>),
+}
+
+/// The distinct labels and each event's index into them.
+#[derive(Clone, Debug)]
+struct Table {
+    /// Each event's index into `table`.
+    ids: Vec<u32>,
+    table: Vec<Label>,
+    /// A label's place in `table`.
+    index: FxHashMap<Key, u32>,
+    /// The place found last, looked at first.
+    last: u32,
+}
+
+impl Table {
+    /// The place of `label`, added if new.
+    #[inline]
+    fn intern(&mut self, label: Label) -> u32 {
+        if self.table[self.last as usize] == label {
+            return self.last;
+        }
+        let next = self.table.len() as u32;
+        let k = *self.index.entry(key(&label)).or_insert(next);
+        if k == next {
+            self.table.push(label);
+        }
+        self.last = k;
+        k
+    }
+
+    /// Whether it holds so many labels that a plain array would be smaller (or its indices
+    /// would run out).
+    fn crowded(&self) -> bool {
+        self.table.len() > MIN_TABLE.max(self.ids.len() / 4).min(1 << 31)
+    }
 }
 
 impl Labels {
@@ -64,9 +93,7 @@ impl Labels {
         if table {
             Labels::in_table(label, n)
         } else {
-            Labels {
-                store: Store::Plain(vec![label; n]),
-            }
+            Labels::from_plain(vec![label; n])
         }
     }
 
@@ -75,19 +102,26 @@ impl Labels {
         let mut index = FxHashMap::default();
         index.insert(key(&label), 0);
         Labels {
-            store: Store::Interned {
+            store: Store::Interned(Table {
                 ids: vec![0; n],
                 table: vec![label],
                 index,
                 last: 0,
-            },
+            }),
+        }
+    }
+
+    /// Labels held in a plain array.
+    pub fn from_plain(v: Vec<Label>) -> Labels {
+        Labels {
+            store: Store::Plain(v),
         }
     }
 
     /// Number of events.
     pub fn len(&self) -> usize {
         match &self.store {
-            Store::Interned { ids, .. } => ids.len(),
+            Store::Interned(t) => t.ids.len(),
             Store::Plain(v) => v.len(),
         }
     }
@@ -105,7 +139,7 @@ impl Labels {
     /// The labels in event order.
     pub fn iter(&self) -> Iter<'_> {
         match &self.store {
-            Store::Interned { ids, table, .. } => Iter::Interned(ids.iter(), table.as_slice()),
+            Store::Interned(t) => Iter::Interned(t.ids.iter(), t.table.as_slice()),
             Store::Plain(v) => Iter::Plain(v.iter()),
         }
     }
@@ -113,63 +147,8 @@ impl Labels {
     /// Gives event `i` the label `label`.
     #[inline]
     pub fn set(&mut self, i: usize, label: Label) {
-        let crowded = match &mut self.store {
-            Store::Interned {
-                ids,
-                table,
-                index,
-                last,
-            } => {
-                if table[ids[i] as usize] == label {
-                    return;
-                }
-                ids[i] = intern(table, index, last, label);
-                crowded(table, ids)
-            }
-            Store::Plain(v) => {
-                v[i] = label;
-                false
-            }
-        };
-        if crowded {
-            self.make_plain();
-        }
-    }
-
-    /// Changes the labels of the events in `range` by `change`, which must depend on the
-    /// label alone: it runs once per distinct label, not once per event.
-    pub fn map_range(&mut self, range: Range<usize>, mut change: impl FnMut(&mut Label)) {
-        let crowded = match &mut self.store {
-            Store::Interned {
-                ids,
-                table,
-                index,
-                last,
-            } => {
-                // each label's new place, found the first time it is met
-                let mut to = vec![u32::MAX; table.len()];
-                for k in &mut ids[range] {
-                    let old = *k as usize;
-                    if to[old] == u32::MAX {
-                        let mut l = table[old];
-                        change(&mut l);
-                        to[old] = if l == table[old] {
-                            old as u32
-                        } else {
-                            intern(table, index, last, l)
-                        };
-                    }
-                    *k = to[old];
-                }
-                crowded(table, ids)
-            }
-            Store::Plain(v) => {
-                v[range].iter_mut().for_each(change);
-                false
-            }
-        };
-        if crowded {
-            self.make_plain();
+        if self[i] != label {
+            self.write(i, label);
         }
     }
 
@@ -180,57 +159,70 @@ impl Labels {
         let mut new = old;
         change(&mut new);
         if new != old {
-            self.set(i, new);
+            self.write(i, new);
         }
     }
 
-    /// Labels held in a plain array.
-    pub fn from_plain(v: Vec<Label>) -> Labels {
-        Labels {
-            store: Store::Plain(v),
+    /// Changes the labels of the events in `range` by `change`, which must depend on the
+    /// label alone: it runs once per distinct label, not once per event.
+    pub fn map_range(&mut self, range: Range<usize>, mut change: impl FnMut(&mut Label)) {
+        match &mut self.store {
+            Store::Interned(t) => {
+                // each label's new place, found the first time it is met
+                let mut to = vec![u32::MAX; t.table.len()];
+                for e in range {
+                    let old = t.ids[e] as usize;
+                    if to[old] == u32::MAX {
+                        let mut l = t.table[old];
+                        change(&mut l);
+                        to[old] = if l == t.table[old] {
+                            old as u32
+                        } else {
+                            t.intern(l)
+                        };
+                    }
+                    t.ids[e] = to[old];
+                }
+            }
+            Store::Plain(v) => v[range].iter_mut().for_each(change),
         }
+        self.plain_if_crowded();
     }
 
     /// Whether the labels are kept in a table (rather than a plain array).
     pub fn is_table(&self) -> bool {
-        matches!(self.store, Store::Interned { .. })
+        matches!(self.store, Store::Interned(_))
     }
 
     /// The number of distinct labels stored (the events' count when held as a plain array).
     pub fn stored(&self) -> usize {
         match &self.store {
-            Store::Interned { table, .. } => table.len(),
+            Store::Interned(t) => t.table.len(),
             Store::Plain(v) => v.len(),
         }
     }
 
-    fn make_plain(&mut self) {
-        if let Store::Interned { ids, table, .. } = &self.store {
-            let plain = ids.iter().map(|&k| table[k as usize]).collect();
-            self.store = Store::Plain(plain);
+    /// Gives event `i` a label other than the one it has.
+    #[inline]
+    fn write(&mut self, i: usize, label: Label) {
+        match &mut self.store {
+            Store::Interned(t) => {
+                t.ids[i] = t.intern(label);
+                self.plain_if_crowded();
+            }
+            Store::Plain(v) => v[i] = label,
         }
     }
-}
 
-/// The place of `label` in `table`, added there if new (`last`: the place found last, looked
-/// at first).
-#[inline]
-fn intern(
-    table: &mut Vec<Label>,
-    index: &mut FxHashMap<Key, u32>,
-    last: &mut u32,
-    label: Label,
-) -> u32 {
-    if table[*last as usize] == label {
-        return *last;
+    /// Moves a table that has grown crowded to a plain array.
+    fn plain_if_crowded(&mut self) {
+        if let Store::Interned(t) = &self.store {
+            if t.crowded() {
+                let plain = t.ids.iter().map(|&k| t.table[k as usize]).collect();
+                self.store = Store::Plain(plain);
+            }
+        }
     }
-    let next = table.len() as u32;
-    let k = *index.entry(key(&label)).or_insert(next);
-    if k == next {
-        table.push(label);
-    }
-    *last = k;
-    k
 }
 
 /// A label's fields packed into four words, each field whole in its own bits: hashed and
@@ -251,12 +243,6 @@ fn key(l: &Label) -> Key {
     let c = l.call as u64 | (l.annotation.0 as u64) << 32;
     let d = l.category as u64 | (l.evidence as u64) << 16 | (l.flags as u64) << 32;
     [a, b, c, d]
-}
-
-/// Whether the table holds so many labels that a plain array would be smaller (or its indices
-/// would run out).
-fn crowded(table: &[Label], ids: &[u32]) -> bool {
-    table.len() > MIN_TABLE.max(ids.len() / 4).min(1 << 31)
 }
 
 #[cfg(test)]
@@ -285,7 +271,7 @@ impl std::ops::Index<usize> for Labels {
     #[inline]
     fn index(&self, i: usize) -> &Label {
         match &self.store {
-            Store::Interned { ids, table, .. } => &table[ids[i] as usize],
+            Store::Interned(t) => &t.table[t.ids[i] as usize],
             Store::Plain(v) => &v[i],
         }
     }
