@@ -149,13 +149,14 @@ impl NameFacts {
     }
 }
 
-/// Sets the category of every allocation of a pipeline trace (and copies it to the frees that
-/// end them).
+/// Adds the lifetime evidence of every allocation of a pipeline trace to `ledger`: the
+/// category its phase, its code and its free give it.
 pub(crate) fn assign_pipeline(
     snap: &Snapshot,
     replay: &Replay,
     names: &Names,
-    labels: &mut Labels,
+    labels: &Labels,
+    ledger: &mut Ledger,
 ) {
     let events = snap.trace(replay.device);
     let mut stack_cache = frames::PerStack::new(snap);
@@ -205,26 +206,43 @@ pub(crate) fn assign_pipeline(
         } else {
             Category::Unknown
         };
-        labels.update(i, |l| l.category = category);
+        ledger.add(i, Evidence::Life, category);
     }
-    copy_to_frees(replay, events, labels);
 }
 
-/// Gives each free the category (and its evidence) of the allocation it ends.
-pub(crate) fn copy_to_frees(replay: &Replay, events: &[TraceEvent], labels: &mut Labels) {
+/// Gives every allocation the category and evidence `ledger` decided for it, and each free
+/// those of the allocation it ends (a block from before the trace: `pre-existing`), in one pass
+/// over the trace.
+pub(crate) fn settle(ledger: &Ledger, replay: &Replay, events: &[TraceEvent], labels: &mut Labels) {
+    let is_alloc = |i: usize| events.get(i).is_some_and(|e| e.action == Action::Alloc);
     for (i, e) in events.iter().enumerate().take(labels.len()) {
-        if e.action != Action::Alloc {
-            let p = replay.partner[i];
-            if p != NONE && p & crate::replay::PREEXISTING == 0 {
-                let of = labels[p as usize];
-                labels.update(i, |l| (l.category, l.evidence) = (of.category, of.evidence));
-            } else if p != NONE {
-                labels.update(i, |l| {
-                    (l.category, l.evidence) = (Category::PreExisting, Evidence::BeforeTrace)
-                });
+        if e.action == Action::Alloc {
+            if let Some(decided) = ledger.decision(i) {
+                labels.update_keyed(i, key(decided), |l| (l.category, l.evidence) = decided);
             }
+            continue;
         }
+        let p = replay.partner[i];
+        if p == NONE {
+            continue;
+        }
+        let of = if p & crate::replay::PREEXISTING != 0 {
+            (Category::PreExisting, Evidence::BeforeTrace)
+        } else {
+            // an allocation after this free has its decision already, as one before it has
+            let p = p as usize;
+            match ledger.decision(p).filter(|_| is_alloc(p)) {
+                Some(decided) => decided,
+                None => (labels[p].category, labels[p].evidence),
+            }
+        };
+        labels.update_keyed(i, key(of), |l| (l.category, l.evidence) = of);
     }
+}
+
+/// A category and evidence as one number, for [`Labels::update_keyed`].
+fn key((category, evidence): (Category, Evidence)) -> u32 {
+    (category as u32) << 8 | evidence as u32
 }
 
 /// What decided the categories of a device's allocations, counted over its allocations (and
@@ -306,7 +324,6 @@ pub fn named_category(text: &str) -> Option<Category> {
 /// it is a dict naming a category. Returns how many labelled allocations the other evidence
 /// so far gave another category.
 pub(crate) fn apply_labels(snap: &Snapshot, events: &[TraceEvent], ledger: &mut Ledger) -> u64 {
-    let mut live: rustc_hash::FxHashMap<u64, usize> = Default::default();
     let mut named: Vec<(usize, Category)> = Vec::new();
     let mut cache: rustc_hash::FxHashMap<u32, Option<Category>> = Default::default();
     let mut of = |id: crate::snapshot::StrId| {
@@ -314,26 +331,57 @@ pub(crate) fn apply_labels(snap: &Snapshot, events: &[TraceEvent], ledger: &mut 
             .entry(id.0)
             .or_insert_with(|| named_category(snap.str(id)))
     };
+    // what an allocation's own metadata (a dict) names, once per distinct set of extra fields
+    // (index 0: an entry without any)
+    let by_extra: Vec<Option<Category>> = std::iter::once(crate::snapshot::EventExtra::default())
+        .chain(snap.event_extras.iter().copied())
+        .map(|x| {
+            snap.str(x.user_metadata)
+                .starts_with('{')
+                .then(|| of(x.user_metadata))
+                .flatten()
+        })
+        .collect();
+    let extra_names = |e: &TraceEvent| *by_extra.get(e.extra as usize).unwrap_or(&by_extra[0]);
+    // most traces have no annotations: one pass over the allocations, unless one is met
+    let mut annotated = false;
     for (i, e) in events.iter().enumerate() {
         match e.action {
             Action::Alloc => {
-                live.insert(e.addr, i);
-                let meta_id = snap.extra(e).user_metadata;
-                if snap.str(meta_id).starts_with('{') {
-                    if let Some(c) = of(meta_id) {
+                if let Some(c) = extra_names(e) {
+                    named.push((i, c));
+                }
+            }
+            Action::Annotate => {
+                annotated = true;
+                break;
+            }
+            _ => {}
+        }
+    }
+    if annotated {
+        // an annotation names the allocation alive at its address
+        named.clear();
+        let mut live: rustc_hash::FxHashMap<u64, usize> = Default::default();
+        for (i, e) in events.iter().enumerate() {
+            match e.action {
+                Action::Alloc => {
+                    live.insert(e.addr, i);
+                    if let Some(c) = extra_names(e) {
                         named.push((i, c));
                     }
                 }
-            }
-            Action::FreeRequested | Action::FreeCompleted => {
-                live.remove(&e.addr);
-            }
-            Action::Annotate => {
-                if let (Some(&j), Some(c)) = (live.get(&e.addr), of(snap.extra(e).user_metadata)) {
-                    named.push((j, c));
+                Action::FreeRequested | Action::FreeCompleted => {
+                    live.remove(&e.addr);
                 }
+                Action::Annotate => {
+                    let here = live.get(&e.addr);
+                    if let (Some(&j), Some(c)) = (here, of(snap.extra(e).user_metadata)) {
+                        named.push((j, c));
+                    }
+                }
+                _ => {}
             }
-            _ => {}
         }
     }
     let mut disagree = 0u64;
@@ -537,6 +585,67 @@ pub(crate) fn add_life(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What PyTorch's labels name, found the plain way: every allocation's own dict metadata,
+    /// and each annotation's text for the allocation alive at its address.
+    fn labels_by_hand(snap: &Snapshot, events: &[TraceEvent]) -> Vec<(usize, Category)> {
+        let mut live = std::collections::HashMap::new();
+        let mut named = Vec::new();
+        for (i, e) in events.iter().enumerate() {
+            let text = snap.str(snap.extra(e).user_metadata);
+            match e.action {
+                Action::Alloc => {
+                    live.insert(e.addr, i);
+                    if let Some(c) = named_category(text).filter(|_| text.starts_with('{')) {
+                        named.push((i, c));
+                    }
+                }
+                Action::FreeRequested | Action::FreeCompleted => {
+                    live.remove(&e.addr);
+                }
+                Action::Annotate => {
+                    if let (Some(&j), Some(c)) = (live.get(&e.addr), named_category(text)) {
+                        named.push((j, c));
+                    }
+                }
+                _ => {}
+            }
+        }
+        named
+    }
+
+    #[test]
+    fn pytorchs_labels_name_what_a_plain_walk_names() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata/snapshots/constructed/annotated.pickle.xz");
+        let mut snap = crate::snapshot::load(&path, &Default::default()).unwrap();
+        for annotations in [true, false] {
+            if !annotations {
+                // the same trace without its annotations: the dict metadata alone
+                for t in &mut snap.traces {
+                    t.retain(|e| e.action != Action::Annotate);
+                }
+            }
+            let events = snap.trace(0);
+            let expected = labels_by_hand(&snap, events);
+            let annotated = expected.iter().filter(|&&(i, _)| {
+                !snap
+                    .str(snap.extra(&events[i]).user_metadata)
+                    .starts_with('{')
+            });
+            assert_eq!(annotated.count() > 0, annotations, "{expected:?}");
+            assert!(!expected.is_empty());
+            let mut ledger = Ledger::new(events.len());
+            apply_labels(&snap, events, &mut ledger);
+            let mut by_hand = Ledger::new(events.len());
+            for &(i, c) in &expected {
+                by_hand.add(i, Evidence::Label, c);
+            }
+            for i in 0..events.len() {
+                assert_eq!(ledger.current(i), by_hand.current(i), "event {i}");
+            }
+        }
+    }
 
     #[test]
     fn names_round_trip() {

@@ -4,13 +4,13 @@
 //! its tensors (`capture`), PyTorch's labels (`category::apply_labels`), the
 //! code PyTorch ran when it made or freed the block (`code_paths`), and the block's
 //! life over the phases (`category`). `Ledger` keeps, per allocation, the strongest
-//! evidence seen and whether evidence of that strength disagreed; `Ledger::decide` is where
-//! categories are set: the strongest evidence wins, and evidence of equal strength that
-//! contradicts itself gives `unknown` rather than a guess.
+//! evidence seen and whether evidence of that strength disagreed; `Ledger::decision` is where
+//! categories are decided (`category::settle` sets them): the strongest evidence wins, and
+//! evidence of equal strength that contradicts itself gives `unknown` rather than a guess.
 
 use serde::Serialize;
 
-use super::{Category, Labels};
+use super::Category;
 
 /// What decided a category, weakest first: a stronger kind overrides a weaker one.
 #[derive(
@@ -115,23 +115,17 @@ impl Ledger {
         (b.evidence > Evidence::BeforeTrace && !b.conflict).then_some((b.category, b.evidence))
     }
 
-    /// Sets the category and evidence of every allocation in `labels` (`is_alloc` says which
-    /// events are allocations): the strongest evidence, or `unknown` where it is missing or
-    /// contradicts itself.
-    pub(crate) fn decide(&self, labels: &mut Labels, is_alloc: impl Fn(usize) -> bool) {
-        for (i, b) in self.best.iter().enumerate().take(labels.len()) {
-            if !is_alloc(i) {
-                continue;
-            }
-            let decided = if b.conflict {
-                (Category::Unknown, Evidence::Conflict)
-            } else if b.evidence == Evidence::None {
-                (Category::Unknown, Evidence::None)
-            } else {
-                (b.category, b.evidence)
-            };
-            labels.update(i, |l| (l.category, l.evidence) = decided);
-        }
+    /// The category and evidence allocation `i` ends with: the strongest evidence, or
+    /// `unknown` where it is missing or contradicts itself (`None` past the ledger's end).
+    pub(crate) fn decision(&self, i: usize) -> Option<(Category, Evidence)> {
+        let b = self.best.get(i)?;
+        Some(if b.conflict {
+            (Category::Unknown, Evidence::Conflict)
+        } else if b.evidence == Evidence::None {
+            (Category::Unknown, Evidence::None)
+        } else {
+            (b.category, b.evidence)
+        })
     }
 }
 
@@ -150,21 +144,17 @@ mod tests {
         l.add(1, Evidence::Capture, Category::Parameter);
         l.add(2, Evidence::Code, Category::Gradient);
         l.add(2, Evidence::Code, Category::Communication);
-        let mut labels = Labels::filled(super::super::Label::EMPTY, 4);
         let ledger_with_extra = {
             let mut l2 = Ledger::new(4);
             l2.best[..3].copy_from_slice(&l.best);
             l2
         };
-        ledger_with_extra.decide(&mut labels, |_| true);
-        assert_eq!(labels[0].category, Category::Parameter);
-        assert_eq!(labels[0].evidence, Evidence::Code);
-        assert_eq!(labels[1].category, Category::Parameter);
-        assert_eq!(labels[1].evidence, Evidence::Capture);
-        assert_eq!(labels[2].category, Category::Unknown);
-        assert_eq!(labels[2].evidence, Evidence::Conflict);
-        assert_eq!(labels[3].category, Category::Unknown);
-        assert_eq!(labels[3].evidence, Evidence::None);
+        let d = |i| ledger_with_extra.decision(i);
+        assert_eq!(d(0), Some((Category::Parameter, Evidence::Code)));
+        assert_eq!(d(1), Some((Category::Parameter, Evidence::Capture)));
+        assert_eq!(d(2), Some((Category::Unknown, Evidence::Conflict)));
+        assert_eq!(d(3), Some((Category::Unknown, Evidence::None)));
+        assert_eq!(d(4), None);
         assert_eq!(l.current(2), None);
         assert_eq!(l.current(0), Some((Category::Parameter, Evidence::Code)));
     }

@@ -33,6 +33,10 @@ pub const INTERN_FROM: usize = 1 << 21;
 /// number of events.
 const MIN_TABLE: usize = 1 << 16;
 
+/// Slots remembering keyed changes (a power of two): each change made by a key is remembered
+/// in the slot its old place and key hash to, until another takes the slot.
+const KEYED_SLOTS: usize = 1 << 12;
+
 /// One label per event of a trace (or per block alive before it).
 #[derive(Clone, Debug)]
 pub struct Labels {
@@ -57,6 +61,9 @@ struct Table {
     index: FxHashMap<Key, u32>,
     /// The place found last, looked at first.
     last: u32,
+    /// Keyed changes made before ([`Labels::update_keyed`]): (old place and key, new place),
+    /// in [`KEYED_SLOTS`] slots once used.
+    keyed: Vec<(u64, u32)>,
 }
 
 impl Table {
@@ -101,12 +108,22 @@ impl Labels {
     pub fn in_table(label: Label, n: usize) -> Labels {
         let mut index = FxHashMap::default();
         index.insert(key(&label), 0);
+        // written here rather than allocated zeroed: the passes read an event's label before
+        // writing it, and a page first read as the kernel's zero page faults again when written
+        // (flushing the page from every core's TLB)
+        #[allow(clippy::slow_vector_initialization)]
+        let ids = {
+            let mut ids = Vec::with_capacity(n);
+            ids.resize(n, 0);
+            ids
+        };
         Labels {
             store: Store::Interned(Table {
-                ids: vec![0; n],
+                ids,
                 table: vec![label],
                 index,
                 last: 0,
+                keyed: Vec::new(),
             }),
         }
     }
@@ -163,6 +180,43 @@ impl Labels {
         }
     }
 
+    /// Changes the label of event `i` by `change`, which must depend on the label and `key`
+    /// alone: in a table, where the same label was changed by the same key before, the label
+    /// it became is taken without looking it up.
+    #[inline]
+    pub fn update_keyed(&mut self, i: usize, key: u32, change: impl FnOnce(&mut Label)) {
+        let Store::Interned(t) = &mut self.store else {
+            return self.update(i, change);
+        };
+        let old = t.ids[i];
+        let k = (u64::from(old) << 32) | u64::from(key);
+        // the top bits of a multiplicative hash pick the slot
+        let slot =
+            (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - KEYED_SLOTS.trailing_zeros())) as usize;
+        if t.keyed.is_empty() {
+            // no place is u32::MAX (a table holds fewer than 2^31 labels): never a hit
+            t.keyed = vec![(u64::MAX, 0); KEYED_SLOTS];
+        }
+        let (seen, to) = t.keyed[slot];
+        if seen == k {
+            t.ids[i] = to;
+            return;
+        }
+        let mut l = t.table[old as usize];
+        change(&mut l);
+        let stored = t.table.len();
+        let to = if l == t.table[old as usize] {
+            old
+        } else {
+            t.intern(l)
+        };
+        t.keyed[slot] = (k, to);
+        t.ids[i] = to;
+        if t.table.len() > stored {
+            self.plain_if_crowded();
+        }
+    }
+
     /// Changes the labels of the events in `range` by `change`, which must depend on the
     /// label alone: it runs once per distinct label, not once per event.
     pub fn map_range(&mut self, range: Range<usize>, mut change: impl FnMut(&mut Label)) {
@@ -207,8 +261,11 @@ impl Labels {
     fn write(&mut self, i: usize, label: Label) {
         match &mut self.store {
             Store::Interned(t) => {
+                let stored = t.table.len();
                 t.ids[i] = t.intern(label);
-                self.plain_if_crowded();
+                if t.table.len() > stored {
+                    self.plain_if_crowded();
+                }
             }
             Store::Plain(v) => v[i] = label,
         }
@@ -394,6 +451,39 @@ mod tests {
         }
         // 2 labels in each of 10 calls, then up to 11 micro-batches each and the wrap-up
         assert!(table.stored() < n / 2, "{} stored", table.stored());
+    }
+
+    #[test]
+    fn a_keyed_change_gives_what_the_same_change_unkeyed_gives() {
+        // more events than the cache has slots, so that slots are taken over
+        let n = 3 * KEYED_SLOTS;
+        let mut table = Labels::in_table(Label::EMPTY, n);
+        let mut plain = Labels::from_plain(vec![Label::EMPTY; n]);
+        let mut expected: Vec<Label> = (0..n).map(|i| varied(i % 97)).collect();
+        for (i, &l) in expected.iter().enumerate() {
+            table.set(i, l);
+            plain.set(i, l);
+        }
+        for round in 0..3u16 {
+            for (i, e) in expected.iter_mut().enumerate() {
+                let key = ((i * 7 + round as usize) % 13) as u32;
+                let change = |l: &mut Label| l.layer = key as u16 * 10 + round;
+                table.update_keyed(i, key, change);
+                plain.update_keyed(i, key, change);
+                change(e);
+            }
+            assert!(table.is_table());
+            assert_eq!(table.iter().copied().collect::<Vec<_>>(), expected);
+            assert_eq!(plain.iter().copied().collect::<Vec<_>>(), expected);
+        }
+        // a change that leaves the label as it was keeps its place
+        let before = table.stored();
+        for (i, e) in expected.iter().enumerate() {
+            let keep = e.layer;
+            table.update_keyed(i, 1000 + u32::from(keep), |l| l.layer = keep);
+        }
+        assert_eq!(table.stored(), before);
+        assert_eq!(table.iter().copied().collect::<Vec<_>>(), expected);
     }
 
     #[test]

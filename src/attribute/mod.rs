@@ -508,12 +508,7 @@ impl Labelled {
         let mut ledger = evidence::Ledger::new(labels.len());
         match preset {
             Preset::Pithtrain => {
-                category::assign_pipeline(snap, replay, &names, &mut labels);
-                for (i, l) in labels.iter().enumerate() {
-                    if is_alloc(i) {
-                        ledger.add(i, Evidence::Life, l.category);
-                    }
-                }
+                category::assign_pipeline(snap, replay, &names, &labels, &mut ledger);
             }
             Preset::Generic => {
                 let run = category::runs(&labels);
@@ -533,8 +528,7 @@ impl Labelled {
             )
         });
         let disagreeing = category::apply_labels(snap, events, &mut ledger);
-        ledger.decide(&mut labels, is_alloc);
-        category::copy_to_frees(replay, events, &mut labels);
+        category::settle(&ledger, replay, events, &mut labels);
         if let Some(rules) = &options.rules {
             let before: Vec<Category> = labels.iter().map(|l| l.category).collect();
             let before_pre: Vec<Category> = preexisting.iter().map(|l| l.category).collect();
