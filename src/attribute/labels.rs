@@ -6,7 +6,9 @@
 //! 30,512 distinct ones): [`Labels`] keeps each once in a table and every event as a 4-byte
 //! index into it, a seventh of a label's size. Reading an event's label is two array reads; writing
 //! one looks the new label up (the label written last first, which is the one wanted in most
-//! passes over the trace, since neighbouring events share their labels).
+//! passes over the trace, since neighbouring events share their labels). A change that depends
+//! on the label and a small key alone (a category and its evidence) remembers the label it made
+//! of each label, so that the next event with the same label and key needs no lookup.
 //!
 //! The table pays for memory, not for time: every read goes through it and every write looks
 //! a label up, which made the report of that trace about a tenth slower than with a plain
