@@ -343,46 +343,41 @@ pub(crate) fn apply_labels(snap: &Snapshot, events: &[TraceEvent], ledger: &mut 
         })
         .collect();
     let extra_names = |e: &TraceEvent| *by_extra.get(e.extra as usize).unwrap_or(&by_extra[0]);
-    // most traces have no annotations: one pass over the allocations, unless one is met
-    let mut annotated = false;
-    for (i, e) in events.iter().enumerate() {
-        match e.action {
-            Action::Alloc => {
-                if let Some(c) = extra_names(e) {
-                    named.push((i, c));
-                }
-            }
-            Action::Annotate => {
-                annotated = true;
-                break;
-            }
-            _ => {}
-        }
-    }
-    if annotated {
-        // an annotation names the allocation alive at its address
-        named.clear();
-        let mut live: rustc_hash::FxHashMap<u64, usize> = Default::default();
+    // The allocation alive at each address, for the annotations: kept only once the trace is
+    // known to have one (most have none), so meeting the first starts the walk again keeping it.
+    let mut live: Option<rustc_hash::FxHashMap<u64, usize>> = None;
+    'walk: loop {
         for (i, e) in events.iter().enumerate() {
             match e.action {
                 Action::Alloc => {
-                    live.insert(e.addr, i);
+                    if let Some(live) = &mut live {
+                        live.insert(e.addr, i);
+                    }
                     if let Some(c) = extra_names(e) {
                         named.push((i, c));
                     }
                 }
                 Action::FreeRequested | Action::FreeCompleted => {
-                    live.remove(&e.addr);
+                    if let Some(live) = &mut live {
+                        live.remove(&e.addr);
+                    }
                 }
                 Action::Annotate => {
-                    let here = live.get(&e.addr);
-                    if let (Some(&j), Some(c)) = (here, of(snap.extra(e).user_metadata)) {
+                    let Some(live) = &live else {
+                        live = Some(Default::default());
+                        named.clear();
+                        continue 'walk;
+                    };
+                    if let (Some(&j), Some(c)) =
+                        (live.get(&e.addr), of(snap.extra(e).user_metadata))
+                    {
                         named.push((j, c));
                     }
                 }
                 _ => {}
             }
         }
+        break;
     }
     let mut disagree = 0u64;
     let mut seen = rustc_hash::FxHashSet::default();
