@@ -7,9 +7,14 @@
 //! decoding at the same time). The binary installs it as the global allocator; a program that
 //! uses the library without it sees zeros, and the checks that rely on it never fire.
 //!
+//! [`ahead`] faults in the pages past a growing array's end on another core, so that decoding
+//! does not stop at each fresh page.
+//!
 //! Written here rather than taken from a crate: the per-thread tally has to be free of
 //! allocation and destructors (it runs inside the allocator), which the published counting
 //! allocators do not offer, and the whole of it is a few atomic additions.
+
+pub mod ahead;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

@@ -31,6 +31,8 @@ pub(crate) struct Memo {
     /// or removed: a scalar, string or handle fetched while this is unchanged still reads the
     /// same.
     overwrites: u64,
+    /// Keeps the pages past the dense entries' end faulted in on another core.
+    ahead: crate::memory::ahead::Ahead,
 }
 
 impl Memo {
@@ -147,6 +149,7 @@ impl Memo {
                 self.overwrites += 1;
             }
         } else if index == self.dense.len() as u64 && self.sparse.is_empty() {
+            self.ahead.before_push(&self.dense);
             self.dense.push(p);
         } else if self.sparse.insert(index, p).is_some() {
             self.overwrites += 1;
@@ -159,6 +162,7 @@ impl Memo {
     pub(crate) fn push(&mut self, v: Value) {
         debug_assert!(self.sparse.is_empty());
         let p = self.pack(v);
+        self.ahead.before_push(&self.dense);
         self.dense.push(p);
     }
 

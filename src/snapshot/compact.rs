@@ -123,6 +123,8 @@ pub(crate) struct EntryCompactor {
     pub(crate) at_clean: (usize, usize, usize),
     /// Trace entries taken whole from the decoder's fast path ([`Adopter::adopt_flat`]).
     pub(crate) read_whole: u64,
+    /// Keeps the pages past the rows' end faulted in on another core.
+    events_ahead: crate::memory::ahead::Ahead,
 }
 
 /// The handle kind of a value deferred by a split decode ([`super::split`]).
@@ -222,6 +224,7 @@ impl EntryCompactor {
             tainted: false,
             at_clean: (0, 0, 0),
             read_whole: 0,
+            events_ahead: Default::default(),
         }
     }
 
@@ -457,6 +460,7 @@ impl EntryCompactor {
             // and its slack counts against the memory allowance.
             self.events.reserve_exact(self.events.len() / 4 + 4096);
         }
+        self.events_ahead.before_push(&self.events);
         self.events.push(ev);
         handle
     }
