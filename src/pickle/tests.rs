@@ -356,3 +356,51 @@ fn a_file_that_is_not_a_pickle_is_named_for_what_it_is() {
     let cut = "\u{e9}t\u{e9}".as_bytes();
     assert_eq!(what_it_is(&cut[..cut.len() - 1]), "text");
 }
+
+#[test]
+fn two_long_lists_filled_in_turns_keep_their_items() {
+    use super::opcodes as op;
+    // two lists of 100,000 integers, filled a batch of 1,000 at a time in turns, so that the
+    // faulting-in of pages past a long list's end follows one list, then the other
+    let n = 100_000u32;
+    let mut b = vec![
+        op::PROTO,
+        4,
+        op::EMPTY_LIST,
+        op::MEMOIZE,
+        op::EMPTY_LIST,
+        op::MEMOIZE,
+    ];
+    for start in (0..n).step_by(1000) {
+        for (list, offset) in [(0u8, 0u32), (1, 1 << 24)] {
+            // the list below the other on the stack is fetched from the memo
+            if list == 0 {
+                b.extend_from_slice(&[op::BINGET, 0]);
+            }
+            b.push(op::MARK);
+            for v in start..start + 1000 {
+                b.push(op::BININT);
+                b.extend_from_slice(&(v + offset).to_le_bytes());
+            }
+            b.push(op::APPENDS);
+            if list == 0 {
+                b.push(op::POP);
+            }
+        }
+    }
+    b.extend_from_slice(&[op::TUPLE2, op::STOP]);
+    let d = ok(&b);
+    let Value::Tuple(t) = d.root else {
+        panic!("{}", d.heap.render(d.root, 2))
+    };
+    let lists = d.heap.list(t);
+    for (k, offset) in [(0, 0i64), (1, 1 << 24)] {
+        let Value::List(l) = lists[k] else { panic!() };
+        let items = d.heap.list(l);
+        assert_eq!(items.len(), n as usize);
+        assert!(items
+            .iter()
+            .enumerate()
+            .all(|(i, v)| *v == Value::Int(i as i64 + offset)));
+    }
+}

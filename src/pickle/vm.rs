@@ -13,7 +13,7 @@ pub use flat::{FlatAdopted, FlatDict, FlatItem, FlatList};
 use super::memo::Memo;
 use super::opcodes as op;
 use super::reader::{ReadError, Reader};
-use super::value::{Heap, Value};
+use super::value::{Heap, Ref, Value};
 use crate::error::{DecodeError, DecodeErrorKind, FieldError};
 
 /// Caps that keep a hostile pickle from taking unbounded memory.
@@ -156,6 +156,9 @@ struct Vm<'a, A: Adopter> {
     flat: Option<Box<flat::FlatScratch>>,
     /// Frame lists the fast path has seen, by their bytes.
     seen_lists: flat::SeenLists,
+    /// The long list batches are appended to (a device's trace entries, a handle each), and
+    /// the pages past its end kept faulted in on another core.
+    appended: Option<(Ref, crate::memory::ahead::Ahead)>,
 }
 
 /// What a part of a split decode keeps besides the ordinary VM state.
@@ -186,6 +189,10 @@ struct CleanPoint {
 fn memo_capacity(limits: &Limits) -> usize {
     (limits.size_hint / 24).min(1 << 20) as usize
 }
+
+/// Items from which a list's growth is followed by [`crate::memory::ahead::Ahead`] (512 KiB of
+/// values): only a device's trace entries, in practice.
+const LONG_LIST: usize = 1 << 15;
 
 /// Opcodes between two looks at memory: often enough that no flood gets far past a limit
 /// (each opcode holds at most a few dozen bytes, or one object no larger than its input).
@@ -514,6 +521,7 @@ impl<'a, A: Adopter> Vm<'a, A> {
             stand_in_bytes: 0,
             flat: None,
             seen_lists: flat::SeenLists::default(),
+            appended: None,
         }
     }
 
@@ -1247,7 +1255,16 @@ impl<'a, A: Adopter> Vm<'a, A> {
                 };
                 let (stack, heap) = (&mut self.stack, &mut self.heap);
                 if let Some(list) = heap.list_mut(r) {
-                    list.extend_from_slice(&stack[m..]);
+                    let items = &stack[m..];
+                    if list.len() >= LONG_LIST {
+                        list.reserve(items.len());
+                        let ahead = match &mut self.appended {
+                            Some((to, ahead)) if *to == r => ahead,
+                            other => &mut other.insert((r, Default::default())).1,
+                        };
+                        ahead.before_push(list);
+                    }
+                    list.extend_from_slice(items);
                 }
                 stack.truncate(m);
             }
