@@ -84,6 +84,18 @@ impl Table {
         k
     }
 
+    /// The place of what `change` makes of the label at place `old`: `old` itself where the
+    /// label stays as it was.
+    fn changed(&mut self, old: u32, change: impl FnOnce(&mut Label)) -> u32 {
+        let mut l = self.table[old as usize];
+        change(&mut l);
+        if l == self.table[old as usize] {
+            old
+        } else {
+            self.intern(l)
+        }
+    }
+
     /// Whether it holds so many labels that a plain array would be smaller (or its indices
     /// would run out).
     fn crowded(&self) -> bool {
@@ -204,24 +216,17 @@ impl Labels {
             t.ids[i] = to;
             return;
         }
-        let mut l = t.table[old as usize];
-        change(&mut l);
         let stored = t.table.len();
-        let to = if l == t.table[old as usize] {
-            old
-        } else {
-            t.intern(l)
-        };
+        let to = t.changed(old, change);
         t.keyed[slot] = (k, to);
         t.ids[i] = to;
-        if t.table.len() > stored {
-            self.plain_if_crowded();
-        }
+        self.plain_if_crowded(stored);
     }
 
     /// Changes the labels of the events in `range` by `change`, which must depend on the
     /// label alone: it runs once per distinct label, not once per event.
     pub fn map_range(&mut self, range: Range<usize>, mut change: impl FnMut(&mut Label)) {
+        let stored = self.stored();
         match &mut self.store {
             Store::Interned(t) => {
                 // each label's new place, found the first time it is met
@@ -229,20 +234,14 @@ impl Labels {
                 for e in range {
                     let old = t.ids[e] as usize;
                     if to[old] == u32::MAX {
-                        let mut l = t.table[old];
-                        change(&mut l);
-                        to[old] = if l == t.table[old] {
-                            old as u32
-                        } else {
-                            t.intern(l)
-                        };
+                        to[old] = t.changed(old as u32, &mut change);
                     }
                     t.ids[e] = to[old];
                 }
             }
             Store::Plain(v) => v[range].iter_mut().for_each(change),
         }
-        self.plain_if_crowded();
+        self.plain_if_crowded(stored);
     }
 
     /// Whether the labels are kept in a table (rather than a plain array).
@@ -265,18 +264,16 @@ impl Labels {
             Store::Interned(t) => {
                 let stored = t.table.len();
                 t.ids[i] = t.intern(label);
-                if t.table.len() > stored {
-                    self.plain_if_crowded();
-                }
+                self.plain_if_crowded(stored);
             }
             Store::Plain(v) => v[i] = label,
         }
     }
 
-    /// Moves a table that has grown crowded to a plain array.
-    fn plain_if_crowded(&mut self) {
+    /// Moves a table that has grown crowded since it held `stored` labels to a plain array.
+    fn plain_if_crowded(&mut self, stored: usize) {
         if let Store::Interned(t) = &self.store {
-            if t.crowded() {
+            if t.table.len() > stored && t.crowded() {
                 let plain = t.ids.iter().map(|&k| t.table[k as usize]).collect();
                 self.store = Store::Plain(plain);
             }

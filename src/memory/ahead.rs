@@ -106,14 +106,6 @@ pub struct Ahead {
 }
 
 impl Ahead {
-    /// Nothing asked yet.
-    pub const fn new() -> Ahead {
-        Ahead {
-            next: 0,
-            asked: (0, 0),
-        }
-    }
-
     /// Asks for the pages ahead of `v`'s end once its length has moved on far enough.
     #[inline(always)]
     pub fn before_push<T>(&mut self, v: &Vec<T>) {
@@ -158,7 +150,7 @@ mod tests {
     #[test]
     fn requests_follow_the_end_and_never_pass_the_capacity() {
         let mut v: Vec<u64> = Vec::with_capacity(3 << 20);
-        let mut ahead = Ahead::new();
+        let mut ahead = Ahead::default();
         ahead.before_push(&v);
         let base = v.as_ptr() as usize;
         let asked = ahead.asked;
