@@ -7,8 +7,10 @@
 //! again, and none of them imports another view.
 //!
 //! The replay and the labelling of events run side by side where a core is free for it: the
-//! labels need only what the replay knows before its first event ([`crate::replay::Preview`]);
-//! the categories, which need the replay's lifetimes, come after both.
+//! labels need only what the replay knows before its first event ([`crate::replay::Preview`]),
+//! and that only after their first pass, so they start while the replay rebuilds the state at
+//! trace start ([`crate::replay::PreviewSoon`]); the categories, which need the replay's
+//! lifetimes, come after both.
 //!
 //! The grouping vocabulary lives in [`breakdown`]: a [`Dimension`] to group by, a [`Keyer`]
 //! that turns labels into group names, [`Share`]s of bytes, and the [`StepRow`]s of the step
@@ -167,12 +169,16 @@ fn analyse_one<'s>(
     tables: bool,
 ) -> DeviceAnalysis<'s> {
     // The events are labelled (all but their categories) on another core, where one is free,
-    // while the replay runs: the labels need only what the replay knows before it starts.
-    let prepared = replay::prepare(snap, device, options.model);
-    let preview = prepared.preview();
+    // while the replay runs: the labels need only what the replay knows before it starts, and
+    // that only after their first pass, so they start while the replay's start is rebuilt.
+    let (send, preview) = replay::PreviewSoon::coming(device);
     let (replay, labelled) = rayon::join(
-        || prepared.run(),
-        || attribute::label(snap, &preview, &options.attribution),
+        move || {
+            let prepared = replay::prepare(snap, device, options.model);
+            let _ = send.send(prepared.preview());
+            prepared.run()
+        },
+        move || attribute::label(snap, &preview, &options.attribution),
     );
     let attribution = labelled.finish(snap, &replay, &options.attribution);
     if !tables {

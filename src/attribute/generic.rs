@@ -25,7 +25,7 @@
 use super::source::SourceFiles;
 use super::{frames, modules};
 use super::{Label, Labels, Names, Phase, STEP_NONE};
-use crate::replay::Preview;
+use crate::replay::PreviewSoon;
 use crate::snapshot::{Action, Snapshot, StackId, Stage, StrId, TraceEvent};
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -466,7 +466,7 @@ fn step_number(name: &str) -> Option<u32> {
 /// pipeline preset left outside any pipeline step get phases and stages.
 pub(crate) fn label(
     snap: &Snapshot,
-    preview: &Preview,
+    preview: &PreviewSoon,
     sources: &mut SourceFiles,
     names: &mut Names,
     labels: &mut Labels,
@@ -477,8 +477,8 @@ pub(crate) fn label(
     let mut layers = modules::LayerCounter::default();
     // (event, chain, ordinal of each method), for events whose stage is a module path
     let mut marks: Vec<(usize, u32, Vec<u16>)> = Vec::new();
-    let events = snap.trace(preview.device);
-    let mut ranges = Ranges::new(snap, preview.device);
+    let events = snap.trace(preview.device());
+    let mut ranges = Ranges::new(snap, preview.device());
     let mut cache = frames::PerStack::new(snap);
     let mut last_main_backward = false;
     let mut segment: u32 = 0;
@@ -596,14 +596,14 @@ pub(crate) fn label(
         });
     }
     if all && !steps.seen {
-        let quiet: Vec<usize> = quiet_phases(snap, preview.device)
+        let quiet: Vec<usize> = quiet_phases(snap, preview.device())
             .iter()
             .map(|q| q.after)
             .collect();
         let updates = Updates {
             site: &site_of,
             quiet: &quiet,
-            stopped_by_oom: preview.has_oom,
+            stopped_by_oom: preview.get().has_oom,
         };
         count_train_steps(snap, labels, events, &updates);
     }

@@ -46,7 +46,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::replay::{Preview, Replay};
+use crate::replay::{PreviewSoon, Replay};
 use crate::snapshot::{Action, Snapshot};
 
 pub use category::Category;
@@ -410,7 +410,7 @@ impl Attribution {
 
 /// Labels every event of one replayed device.
 pub fn attribute(snap: &Snapshot, replay: &Replay, options: &Options) -> Attribution {
-    label(snap, &replay.preview(), options).finish(snap, replay, options)
+    label(snap, &PreviewSoon::ready(replay.preview()), options).finish(snap, replay, options)
 }
 
 /// Events labelled with their steps, ops, phases and stages, before the replay's lifetimes
@@ -430,8 +430,8 @@ pub struct Labelled {
 
 /// Labels every event of one device with its step, op, phase and stage (everything but the
 /// category, which needs the replay).
-pub fn label(snap: &Snapshot, preview: &Preview, options: &Options) -> Labelled {
-    let events = snap.trace(preview.device);
+pub fn label(snap: &Snapshot, preview: &PreviewSoon, options: &Options) -> Labelled {
+    let events = snap.trace(preview.device());
     let mut names = Names::default();
     let mut labels = Labels::filled(
         Label {
@@ -464,20 +464,20 @@ pub fn label(snap: &Snapshot, preview: &Preview, options: &Options) -> Labelled 
     // the program's own steps, where it wrote them: their times decide the training steps
     let step_numbers = match &snap.capture {
         Some(c)
-            if preset == Preset::Generic && c.device == preview.device && !c.steps.is_empty() =>
+            if preset == Preset::Generic && c.device == preview.device() && !c.steps.is_empty() =>
         {
             generic::program_steps(events, &mut labels, &c.steps)
         }
         _ => Vec::new(),
     };
     Labelled {
-        device: preview.device,
+        device: preview.device(),
         preset,
         labels,
         names,
         pipeline: info,
         phase_sources,
-        quiet: generic::quiet_phases(snap, preview.device),
+        quiet: generic::quiet_phases(snap, preview.device()),
         step_numbers,
     }
 }

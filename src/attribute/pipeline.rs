@@ -25,7 +25,7 @@ use super::source::{self, SourceFiles};
 use super::{
     Labels, Names, Phase, PipelineInfo, StepSource, NO_MB, STEP_AFTER, STEP_BEFORE, STEP_NONE,
 };
-use crate::replay::Preview;
+use crate::replay::PreviewSoon;
 use crate::snapshot::{Snapshot, StackId};
 
 /// What one stack says about the pipeline.
@@ -322,12 +322,12 @@ fn stage_of_stack(
 /// DualPipeV call at all.
 pub(crate) fn label(
     snap: &Snapshot,
-    preview: &Preview,
+    preview: &PreviewSoon,
     sources: &mut SourceFiles,
     names: &mut Names,
     labels: &mut Labels,
 ) -> Option<PipelineInfo> {
-    let events = snap.trace(preview.device);
+    let events = snap.trace(preview.device());
     let mut facts = frames::PerStack::new(snap);
     // 1. the calls made by `step()`'s call sites, and its invocations
     let mut scan = scan_calls(snap, events, &mut facts)?;
@@ -340,7 +340,7 @@ pub(crate) fn label(
     // 3. the pipeline's shape and the counts of the steps that ran to their end; calls
     // repeating one site split into their iterations
     let shape = found.shape.or_else(|| {
-        (!preview.has_oom)
+        (!preview.get().has_oom)
             .then(|| shape_from_calls(&scan.calls))
             .flatten()
     });
@@ -352,9 +352,10 @@ pub(crate) fn label(
         .max()
         .unwrap_or(0);
     // An out-of-memory error ended the trace inside `step()`: its last step did not finish.
-    let cut_in =
-        (preview.has_oom && last_step > 0 && !scan.calls.iter().any(|c| c.step == STEP_AFTER))
-            .then_some(last_step);
+    let cut_in = (preview.get().has_oom
+        && last_step > 0
+        && !scan.calls.iter().any(|c| c.step == STEP_AFTER))
+    .then_some(last_step);
     let mut iterations = [None; 8];
     for (k, slot) in iterations.iter_mut().enumerate() {
         let step = k as u8 + 1;
@@ -364,7 +365,7 @@ pub(crate) fn label(
         *slot = found.counts[k].or(shape.map(|s| s.iterations()[k]));
     }
     // Cut short before step 4 ended, a trace shows only some of step 4's iterations.
-    let chunks_known = !preview.has_oom || last_step > 4;
+    let chunks_known = !preview.get().has_oom || last_step > 4;
     if !chunks_known {
         iterations[3] = None;
     }
@@ -518,7 +519,7 @@ fn source_matches_trace(snap: &Snapshot, calls: &[Call], lines: &[String]) -> bo
 
 fn step_regions(
     snap: &Snapshot,
-    preview: &Preview,
+    preview: &PreviewSoon,
     sources: &mut SourceFiles,
     scan: &CallScan,
     path: &str,
@@ -548,7 +549,7 @@ fn step_regions(
             out
         });
     let first_rank = Some(
-        frames::distinct_stacks(snap, preview.device)
+        frames::distinct_stacks(snap, preview.device())
             .into_iter()
             .any(|s| frames::user_frames(snap, s).any(|f| snap.str(f.name) == "forward_prolog")),
     )
@@ -558,7 +559,7 @@ fn step_regions(
         .filter(|c| c.invocation == 0)
         .map(|c| (c.site, c.kind))
         .collect();
-    let events = snap.trace(preview.device);
+    let events = snap.trace(preview.device());
     // a site called once in the first invocation may be a whole loop of one call: how its
     // stacks start over tells how many iterations it can be
     let mut visits: HashMap<u32, u32> = HashMap::new();
@@ -581,8 +582,8 @@ fn step_regions(
         .first()
         .is_some_and(|c| (0..c.first).any(|i| fact(cache, snap, events[i].stack).main_thread));
     let cut = infer::Cut {
-        head: !preview.history.complete && !started_outside,
-        tail: preview.has_oom,
+        head: !preview.get().history.complete && !started_outside,
+        tail: preview.get().has_oom,
     };
     if let Some(regions) = source_regions.filter(|r| r.len() > 2) {
         let (shape, counts) = infer::fit_known(&first, &profiles, first_rank, cut, |line| {

@@ -400,6 +400,56 @@ pub struct Preview {
     pub has_oom: bool,
 }
 
+/// A device's [`Preview`], which another thread may still be working out: the labels start on
+/// the events while [`prepare`] rebuilds the state at trace start, and wait for what it learns
+/// only where they need it ([`PreviewSoon::get`]).
+pub struct PreviewSoon {
+    device: u32,
+    known: std::cell::OnceCell<Preview>,
+    coming: Option<std::sync::mpsc::Receiver<Preview>>,
+}
+
+impl PreviewSoon {
+    /// A preview already known.
+    pub fn ready(preview: Preview) -> PreviewSoon {
+        PreviewSoon {
+            device: preview.device,
+            known: std::cell::OnceCell::from(preview),
+            coming: None,
+        }
+    }
+
+    /// The preview of `device`, to come through the sender.
+    pub fn coming(device: u32) -> (std::sync::mpsc::Sender<Preview>, PreviewSoon) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let soon = PreviewSoon {
+            device,
+            known: std::cell::OnceCell::new(),
+            coming: Some(rx),
+        };
+        (tx, soon)
+    }
+
+    /// Device ordinal.
+    pub fn device(&self) -> u32 {
+        self.device
+    }
+
+    /// The preview, waited for where it has not come yet.
+    ///
+    /// # Panics
+    /// If the sender was dropped without sending: the preparation failed, and the panic that
+    /// ended it is the one reported.
+    pub fn get(&self) -> Preview {
+        *self.known.get_or_init(|| {
+            self.coming
+                .as_ref()
+                .and_then(|rx| rx.recv().ok())
+                .expect("the replay's preparation ended without its preview")
+        })
+    }
+}
+
 impl Replay {
     /// What was known of the trace before its events were replayed.
     pub fn preview(&self) -> Preview {

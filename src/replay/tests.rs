@@ -332,3 +332,40 @@ fn requested_figures_read_back_however_they_are_held() {
         assert_eq!(held.into_whole(&allocated), given);
     }
 }
+
+fn preview_of(device: u32) -> Preview {
+    Preview {
+        device,
+        history: History {
+            frees_without_alloc: 3,
+            segment_frees_without_alloc: 0,
+            complete: false,
+            wrapped: false,
+        },
+        has_oom: true,
+    }
+}
+
+#[test]
+fn a_preview_to_come_is_waited_for_where_it_is_needed() {
+    let (send, soon) = PreviewSoon::coming(2);
+    assert_eq!(soon.device(), 2, "the device is known at once");
+    let sent = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        send.send(preview_of(2)).unwrap();
+    });
+    assert_eq!(soon.get(), preview_of(2));
+    // kept once received: the sender is gone now
+    sent.join().unwrap();
+    assert_eq!(soon.get(), preview_of(2));
+    assert_eq!(PreviewSoon::ready(preview_of(5)).get(), preview_of(5));
+    assert_eq!(PreviewSoon::ready(preview_of(5)).device(), 5);
+}
+
+#[test]
+#[should_panic(expected = "ended without its preview")]
+fn a_preparation_that_ends_without_its_preview_does_not_leave_the_labels_waiting() {
+    let (send, soon) = PreviewSoon::coming(0);
+    drop(send);
+    soon.get();
+}
