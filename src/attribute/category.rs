@@ -280,6 +280,11 @@ pub struct CategorySources {
 impl CategorySources {
     /// Counts one allocation decided by `evidence`.
     pub(crate) fn count(&mut self, evidence: Evidence) {
+        self.count_many(evidence, 1);
+    }
+
+    /// Counts `n` allocations decided by `evidence`.
+    pub(crate) fn count_many(&mut self, evidence: Evidence, n: u64) {
         let slot = match evidence {
             Evidence::Capture => &mut self.capture,
             Evidence::Label => &mut self.labels,
@@ -290,7 +295,7 @@ impl CategorySources {
             Evidence::Conflict => &mut self.conflicting,
             Evidence::None => &mut self.none,
         };
-        *slot += 1;
+        *slot += n;
     }
 }
 

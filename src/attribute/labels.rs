@@ -183,6 +183,34 @@ impl Labels {
         }
     }
 
+    /// Calls `f` once for each distinct label among the events `pick` chooses, with how many of
+    /// them have it. In a table the events are counted by their index, without reading each
+    /// one's label; in a plain array each event is its own call, with 1.
+    pub fn tally(&self, pick: impl Fn(usize) -> bool, mut f: impl FnMut(&Label, u64)) {
+        match &self.store {
+            Store::Interned(t) => {
+                let mut counts = vec![0u64; t.table.len()];
+                for (i, &id) in t.ids.iter().enumerate() {
+                    if pick(i) {
+                        counts[id as usize] += 1;
+                    }
+                }
+                for (label, &n) in t.table.iter().zip(&counts) {
+                    if n > 0 {
+                        f(label, n);
+                    }
+                }
+            }
+            Store::Plain(v) => {
+                for (i, label) in v.iter().enumerate() {
+                    if pick(i) {
+                        f(label, 1);
+                    }
+                }
+            }
+        }
+    }
+
     /// Changes the label of event `i` in place.
     #[inline]
     pub fn update(&mut self, i: usize, change: impl FnOnce(&mut Label)) {
@@ -396,6 +424,7 @@ impl ExactSizeIterator for Iter<'_> {}
 mod tests {
     use super::*;
     use crate::attribute::{Category, Evidence, NameId, Phase};
+    use std::collections::HashMap;
 
     /// Labels that repeat as a trace's do: the same few within a call of 100 events.
     fn varied(i: usize) -> Label {
@@ -413,6 +442,34 @@ mod tests {
             evidence: Evidence::Life,
             ..Label::EMPTY
         }
+    }
+
+    #[test]
+    fn a_tally_counts_each_distinct_label_among_the_events_picked() {
+        let n = 1000;
+        let mut table = Labels::in_table(Label::EMPTY, n);
+        let mut plain = Labels::from_plain(vec![Label::EMPTY; n]);
+        for i in 0..n {
+            if !i.is_multiple_of(7) {
+                table.set(i, varied(i));
+                plain.set(i, varied(i));
+            }
+        }
+        let pick = |i: usize| !i.is_multiple_of(3);
+        let mut by_hand: HashMap<Key, u64> = HashMap::new();
+        for i in (0..n).filter(|&i| pick(i)) {
+            *by_hand.entry(key(&plain[i])).or_default() += 1;
+        }
+        for labels in [&table, &plain] {
+            let mut counted: HashMap<Key, u64> = HashMap::new();
+            labels.tally(pick, |l, k| *counted.entry(key(l)).or_default() += k);
+            assert_eq!(counted, by_hand);
+        }
+        // the table's calls are one per distinct label
+        let mut calls = 0;
+        table.tally(pick, |_, _| calls += 1);
+        assert_eq!(calls, by_hand.len());
+        assert!(calls < n / 10);
     }
 
     #[test]

@@ -548,11 +548,7 @@ impl Labelled {
             labels_disagreeing: disagreeing,
             ..Default::default()
         };
-        for (i, l) in labels.iter().enumerate() {
-            if is_alloc(i) {
-                category_sources.count(l.evidence);
-            }
-        }
+        labels.tally(is_alloc, |l, n| category_sources.count_many(l.evidence, n));
         for l in &preexisting {
             category_sources.count(l.evidence);
         }
