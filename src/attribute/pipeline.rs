@@ -339,11 +339,10 @@ pub(crate) fn label(
     }
     // 3. the pipeline's shape and the counts of the steps that ran to their end; calls
     // repeating one site split into their iterations
-    let shape = found.shape.or_else(|| {
-        (!preview.get().has_oom)
-            .then(|| shape_from_calls(&scan.calls))
-            .flatten()
-    });
+    let has_oom = preview.get().has_oom;
+    let shape = found
+        .shape
+        .or_else(|| (!has_oom).then(|| shape_from_calls(&scan.calls)).flatten());
     let last_step = scan
         .calls
         .iter()
@@ -352,10 +351,8 @@ pub(crate) fn label(
         .max()
         .unwrap_or(0);
     // An out-of-memory error ended the trace inside `step()`: its last step did not finish.
-    let cut_in = (preview.get().has_oom
-        && last_step > 0
-        && !scan.calls.iter().any(|c| c.step == STEP_AFTER))
-    .then_some(last_step);
+    let cut_in = (has_oom && last_step > 0 && !scan.calls.iter().any(|c| c.step == STEP_AFTER))
+        .then_some(last_step);
     let mut iterations = [None; 8];
     for (k, slot) in iterations.iter_mut().enumerate() {
         let step = k as u8 + 1;
@@ -365,7 +362,7 @@ pub(crate) fn label(
         *slot = found.counts[k].or(shape.map(|s| s.iterations()[k]));
     }
     // Cut short before step 4 ended, a trace shows only some of step 4's iterations.
-    let chunks_known = !preview.get().has_oom || last_step > 4;
+    let chunks_known = !has_oom || last_step > 4;
     if !chunks_known {
         iterations[3] = None;
     }
@@ -581,9 +578,10 @@ fn step_regions(
     let started_outside = calls
         .first()
         .is_some_and(|c| (0..c.first).any(|i| fact(cache, snap, events[i].stack).main_thread));
+    let known = preview.get();
     let cut = infer::Cut {
-        head: !preview.get().history.complete && !started_outside,
-        tail: preview.get().has_oom,
+        head: !known.history.complete && !started_outside,
+        tail: known.has_oom,
     };
     if let Some(regions) = source_regions.filter(|r| r.len() > 2) {
         let (shape, counts) = infer::fit_known(&first, &profiles, first_rank, cut, |line| {
