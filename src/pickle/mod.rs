@@ -55,8 +55,8 @@ pub use crate::error::{DecodeError, DecodeErrorKind, FieldError};
 pub use source::Compression;
 pub use value::{Heap, Ref, StrId, Value};
 pub use vm::{
-    decode, decode_part, decode_with, Adopter, Decoded, FlatAdopted, FlatDict, FlatItem, FlatList,
-    KeepAll, Limits, PartInput, PartOutput, Progress, Resumable,
+    decode, decode_part, decode_stream, decode_with, Adopter, Decoded, FlatAdopted, FlatDict,
+    FlatItem, FlatList, KeepAll, Limits, PartInput, PartOutput, Progress, Resumable,
 };
 pub use writer::PickleWriter;
 

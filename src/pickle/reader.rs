@@ -4,8 +4,15 @@
 //! 100 MB snapshot is decoded with a 1 MiB window. A length prefix is never trusted: a string
 //! that claims 2^60 bytes is read in bounded chunks until the input runs out, so memory grows
 //! only with bytes that really exist.
+//!
+//! Where the input is read on another thread ([`ReadAhead`]), the window is that thread's
+//! piece itself: at each refill the few bytes left of the old window are put in the room kept
+//! before the new piece's bytes, and the two buffers change hands, so the decoder never copies
+//! what it reads.
 
 use std::io::{self, Read};
+
+use super::source::{Handed, ReadAhead, PIECE_ROOM};
 
 const WINDOW: usize = 1 << 20;
 const SCRATCH_STEP: usize = 1 << 20;
@@ -22,9 +29,13 @@ pub(crate) enum ReadError {
 /// Buffered reader with slice access and an absolute offset.
 pub(crate) struct Reader<R> {
     inner: R,
-    buf: Box<[u8]>,
+    /// Pieces read on another thread, which take `inner`'s place when present.
+    ahead: Option<ReadAhead>,
+    buf: Vec<u8>,
     pos: usize,
     end: usize,
+    /// Offset of `buf[0]` in the stream, modulo 2^64: a piece's room for the old window's
+    /// last bytes can put `buf[0]` before the stream's first byte.
     base: u64,
     eof: bool,
     /// A read error met while reading ahead ([`Reader::prefetch`]), returned by the next read
@@ -37,7 +48,8 @@ impl<R: Read> Reader<R> {
     pub(crate) fn new(inner: R) -> Self {
         Reader {
             inner,
-            buf: vec![0; WINDOW].into_boxed_slice(),
+            ahead: None,
+            buf: vec![0; WINDOW],
             pos: 0,
             end: 0,
             base: 0,
@@ -55,15 +67,26 @@ impl<R: Read> Reader<R> {
         }
     }
 
+    /// The most bytes the window is made to hold at once.
+    fn room(&self) -> usize {
+        match self.ahead {
+            Some(_) => WINDOW,
+            None => self.buf.len(),
+        }
+    }
+
     /// Offset of the next unread byte from the start of the stream.
     #[inline]
     pub(crate) fn offset(&self) -> u64 {
-        self.base + self.pos as u64
+        self.base.wrapping_add(self.pos as u64)
     }
 
     fn refill(&mut self) -> Result<(), ReadError> {
         if let Some(e) = self.deferred_error.take() {
             return Err(ReadError::Io(e));
+        }
+        if self.ahead.is_some() {
+            return self.take_piece();
         }
         if self.pos > 0 {
             self.buf.copy_within(self.pos..self.end, 0);
@@ -85,6 +108,45 @@ impl<R: Read> Reader<R> {
         Ok(())
     }
 
+    /// Makes the next piece read ahead the window, with the old window's unread bytes before
+    /// it; at the end of the input, marks the end.
+    fn take_piece(&mut self) -> Result<(), ReadError> {
+        let Some(ahead) = self.ahead.as_mut() else {
+            return Ok(());
+        };
+        if self.eof {
+            return Ok(());
+        }
+        let (mut piece, n) = match ahead.next_piece() {
+            Handed::Piece(piece, n) => (piece, n),
+            Handed::End => {
+                self.eof = true;
+                return Ok(());
+            }
+            Handed::Failed(e) => return Err(ReadError::Io(e)),
+        };
+        let offset = self.base.wrapping_add(self.pos as u64);
+        let left = self.end - self.pos;
+        let old = if left <= PIECE_ROOM {
+            let start = PIECE_ROOM - left;
+            piece[start..PIECE_ROOM].copy_from_slice(&self.buf[self.pos..self.end]);
+            (self.pos, self.end) = (start, PIECE_ROOM + n);
+            std::mem::replace(&mut self.buf, piece)
+        } else {
+            // an item longer than the room spans pieces: its bytes so far and the new piece
+            // in one buffer, as large as the item (`take_slow` bounds it)
+            let mut joined = Vec::with_capacity(left + n);
+            joined.extend_from_slice(&self.buf[self.pos..self.end]);
+            joined.extend_from_slice(&piece[PIECE_ROOM..PIECE_ROOM + n]);
+            ahead.give_back(std::mem::take(&mut piece));
+            (self.pos, self.end) = (0, joined.len());
+            std::mem::replace(&mut self.buf, joined)
+        };
+        ahead.give_back(old);
+        self.base = offset.wrapping_sub(self.pos as u64);
+        Ok(())
+    }
+
     /// Reads until the window holds `n` bytes; `false` when the input ends first.
     pub(crate) fn fill(&mut self, n: usize) -> Result<bool, ReadError> {
         while self.end - self.pos < n {
@@ -101,7 +163,7 @@ impl<R: Read> Reader<R> {
     /// ends. A read error is not reported here but kept for the next read that needs bytes, so
     /// it surfaces at the same place in the stream as without the read-ahead.
     pub(crate) fn prefetch(&mut self, n: usize) {
-        let n = n.min(self.buf.len());
+        let n = n.min(self.room());
         while self.end - self.pos < n && !self.eof && self.deferred_error.is_none() {
             let before = self.end - self.pos;
             match self.refill() {
@@ -186,7 +248,7 @@ impl<R: Read> Reader<R> {
     }
 
     fn take_slow(&mut self, n: usize) -> Result<&[u8], ReadError> {
-        if n <= self.buf.len() {
+        if n <= self.room() {
             while self.end - self.pos < n {
                 let before = self.end - self.pos;
                 self.refill()?;
@@ -252,9 +314,26 @@ impl<R: Read> Reader<R> {
     }
 }
 
+impl Reader<Box<dyn Read + Send>> {
+    /// A reader of the pieces `ahead` reads on its thread.
+    pub(crate) fn ahead(ahead: ReadAhead) -> Self {
+        Reader {
+            ahead: Some(ahead),
+            buf: Vec::new(),
+            ..Reader::new(Box::new(io::empty()) as Box<dyn Read + Send>)
+        }
+    }
+}
+
 impl<R: Read + io::Seek> Reader<R> {
     /// Goes on reading at byte `offset` of the stream, wherever that is.
     pub(crate) fn jump(&mut self, offset: u64) -> Result<(), ReadError> {
+        if self.ahead.is_some() {
+            return Err(ReadError::Io(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a stream read ahead goes on only where it is",
+            )));
+        }
         self.inner
             .seek(io::SeekFrom::Start(offset))
             .map_err(ReadError::Io)?;
@@ -281,6 +360,112 @@ mod tests {
             assert_eq!(got, data[off..off + n]);
             off += n;
             assert_eq!(r.offset(), off as u64);
+        }
+    }
+
+    /// Gives `data` in reads of at most `step` bytes, then fails (when `fails`) or ends.
+    struct Trickle {
+        data: Vec<u8>,
+        at: usize,
+        step: usize,
+        fails: bool,
+    }
+
+    impl Read for Trickle {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            if self.at == self.data.len() {
+                return match self.fails {
+                    true => Err(io::Error::other("disk gone")),
+                    false => Ok(0),
+                };
+            }
+            let n = buf.len().min(self.step).min(self.data.len() - self.at);
+            buf[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    /// What one reader gives for a run of reads: each result, with the offset after it.
+    fn script<R: Read>(r: &mut Reader<R>, steps: &[(u8, usize)]) -> Vec<String> {
+        let mut out = Vec::new();
+        for &(what, n) in steps {
+            let got = match what {
+                0 => format!(
+                    "{:?}",
+                    r.take(n)
+                        .map(|b| (b.len(), b.first().copied(), b.last().copied()))
+                ),
+                1 => format!("{:?}", r.skip(n as u64)),
+                2 => format!("{:?} {:?}", r.byte(), r.peek()),
+                3 => {
+                    let h = r.head(n).to_vec();
+                    let k = (n / 2).min(h.len());
+                    r.advance(k);
+                    format!("head {} {:?}", h.len(), h.get(k))
+                }
+                _ => format!(
+                    "{:?}",
+                    r.fill(n).map(|ok| (ok, r.window().first().copied()))
+                ),
+            };
+            out.push(format!("{got} @{}", r.offset()));
+        }
+        out
+    }
+
+    #[test]
+    fn pieces_read_ahead_are_read_as_the_input_itself() {
+        use crate::pickle::source::ReadAhead;
+        let data: Vec<u8> = (0..5 * WINDOW + 4_321)
+            .map(|i| (i * 7 % 253) as u8)
+            .collect();
+        // short reads, items across pieces, one longer than the room kept before a piece,
+        // one longer than the window, and reads past the end
+        let steps: Vec<(u8, usize)> = [
+            (0, 3),
+            (3, 1 << 16),
+            (0, WINDOW - 100),
+            (2, 0),
+            (0, 70_000),
+            (4, 200_000),
+            (3, 9),
+            (1, WINDOW + 12_345),
+            (0, WINDOW + 99),
+            (4, 5),
+            (0, 1),
+            (1, 2 * WINDOW),
+            (2, 0),
+            (0, 10_000),
+            (4, 50),
+            (2, 0),
+        ]
+        .into_iter()
+        .cycle()
+        .take(40)
+        .collect();
+        for fails in [false, true] {
+            let mut direct = Reader::new(Trickle {
+                data: data.clone(),
+                at: 0,
+                step: 300_001,
+                fails,
+            });
+            let want = script(&mut direct, &steps);
+            let ahead = ReadAhead::spawn(Trickle {
+                data: data.clone(),
+                at: 0,
+                step: 300_001,
+                fails,
+            });
+            let Ok(ahead) = ahead else {
+                panic!("no thread to read ahead on")
+            };
+            let mut r = Reader::ahead(ahead);
+            assert_eq!(script(&mut r, &steps), want, "failing input: {fails}");
+            assert!(want
+                .iter()
+                .any(|w| w.contains("Truncated") || w.contains("disk gone")));
         }
     }
 

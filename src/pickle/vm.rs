@@ -215,6 +215,26 @@ pub fn decode_with<R: Read, A: Adopter>(
     vm.finish(root, &mut reader)
 }
 
+/// Decodes one pickle from `stream`, handing completed values to `adopter`.
+pub fn decode_stream<A: Adopter>(
+    stream: super::source::Stream,
+    limits: Limits,
+    adopter: &mut A,
+) -> Result<Decoded, DecodeError> {
+    let mut reader = match stream {
+        super::source::Stream::Direct(input) => Reader::new(input),
+        super::source::Stream::Ahead(ahead) => Reader::ahead(ahead),
+    };
+    let mut vm = Vm::new(limits, adopter, 0);
+    vm.check_start(&mut reader)?;
+    let root = loop {
+        if let Some(root) = vm.run(&mut reader)? {
+            break root;
+        }
+    };
+    vm.finish(root, &mut reader)
+}
+
 /// A decoder that can pause at chosen offsets and take in what other parts of a split decode
 /// produced meanwhile (the first part of a split decode; `snapshot::split` drives it).
 pub struct Resumable<'a, R: Read, A: Adopter> {

@@ -765,6 +765,17 @@ pub fn from_pickle<R: Read>(input: R, limits: Limits) -> Result<Snapshot, ErrorK
     assemble(decoded, compactor)
 }
 
+/// Decodes a snapshot from an opened input (`pickle::source::open_reader`).
+pub(crate) fn from_stream(
+    input: pickle::source::Stream,
+    limits: Limits,
+) -> Result<Snapshot, ErrorKind> {
+    let mut compactor = EntryCompactor::new();
+    let decoded =
+        pickle::decode_stream(input, limits, &mut compactor).map_err(ErrorKind::Decode)?;
+    assemble(decoded, compactor)
+}
+
 #[cfg(test)]
 pub(crate) mod read_whole_tests {
     use super::super::compact::*;

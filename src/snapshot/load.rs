@@ -56,7 +56,7 @@ fn load_split(
     None
 }
 
-/// Whether a compressed file is decompressed on a thread of its own, ahead of the decoder: when
+/// Whether a file is read (and decompressed) on a thread of its own, ahead of the decoder: when
 /// the decoder may use more than one core.
 fn read_ahead(threads: usize) -> bool {
     usable_threads(threads) > 1
@@ -146,7 +146,7 @@ fn load_from(input: Input, path: &Path, options: &LoadOptions) -> Result<Snapsho
                 };
             }
             let compressed = compression != pickle::Compression::None;
-            let snap = from_pickle(reader, limits).map_err(|mut kind| {
+            let snap = super::build::from_stream(reader, limits).map_err(|mut kind| {
                 if let ErrorKind::Decode(d) = &mut kind {
                     d.decompressed = compressed;
                 }
