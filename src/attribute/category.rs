@@ -159,17 +159,20 @@ pub(crate) fn assign_pipeline(
     ledger: &mut Ledger,
 ) {
     let events = snap.trace(replay.device);
-    let mut stack_cache = frames::PerStack::new(snap);
     let facts = NameFacts::new(names, names.len());
-    for i in 0..events.len() {
-        if events[i].action != Action::Alloc {
-            continue;
+    // each allocation's category depends on its own label and its free's alone: ranges of the
+    // trace side by side, each with its own cache of what stacks show
+    let init = || frames::PerStack::new(snap);
+    ledger.add_each(init, |stack_cache, i| {
+        let e = events.get(i)?;
+        if e.action != Action::Alloc {
+            return None;
         }
         let l = labels[i];
         let free = replay.partner[i];
         let freed = (free != NONE).then(|| labels[free as usize]);
         let same_call = freed.is_some_and(|f| f.call == l.call && l.call != u32::MAX);
-        let stack = events[i].stack;
+        let stack = e.stack;
         let (comm, accumulate) = stack_cache.get(stack, || {
             (
                 frames::stack_has(snap, stack, frames::COMMUNICATION),
@@ -206,8 +209,8 @@ pub(crate) fn assign_pipeline(
         } else {
             Category::Unknown
         };
-        ledger.add(i, Evidence::Life, category);
-    }
+        Some((Evidence::Life, category))
+    });
 }
 
 /// Gives every allocation the category and evidence `ledger` decided for it, and each free

@@ -78,6 +78,23 @@ struct Best {
     conflict: bool,
 }
 
+impl Best {
+    fn add(&mut self, evidence: Evidence, category: Category) {
+        if evidence > self.evidence {
+            *self = Best {
+                evidence,
+                category,
+                conflict: false,
+            };
+        } else if evidence == self.evidence && category != self.category {
+            self.conflict = true;
+        }
+    }
+}
+
+/// Fewest events [`Ledger::add_each`] gives a thread: fewer are not worth handing over.
+const MIN_RANGE: usize = 1 << 14;
+
 /// Evidence per allocation (by event index), as the sources add it.
 #[derive(Debug)]
 pub(crate) struct Ledger {
@@ -94,18 +111,34 @@ impl Ledger {
 
     /// Adds what `evidence` says of allocation `i`.
     pub(crate) fn add(&mut self, i: usize, evidence: Evidence, category: Category) {
-        let Some(b) = self.best.get_mut(i) else {
-            return;
-        };
-        if evidence > b.evidence {
-            *b = Best {
-                evidence,
-                category,
-                conflict: false,
-            };
-        } else if evidence == b.evidence && category != b.category {
-            b.conflict = true;
+        if let Some(b) = self.best.get_mut(i) {
+            b.add(evidence, category);
         }
+    }
+
+    /// Adds the evidence `each` gives each event (by index), for the events in as many ranges
+    /// as there are threads, side by side; `each` takes a state of its own in each range, made
+    /// by `init`. The same as adding the events' evidence one by one, in any order: the ledger
+    /// keeps the strongest evidence, and notes a conflict between equals whatever their order.
+    pub(crate) fn add_each<S>(
+        &mut self,
+        init: impl Fn() -> S + Sync,
+        each: impl Fn(&mut S, usize) -> Option<(Evidence, Category)> + Sync,
+    ) {
+        use rayon::prelude::*;
+        let threads = rayon::current_num_threads().max(1);
+        let per = self.best.len().div_ceil(threads).max(MIN_RANGE);
+        self.best
+            .par_chunks_mut(per)
+            .enumerate()
+            .for_each(|(c, part)| {
+                let mut state = init();
+                for (k, b) in part.iter_mut().enumerate() {
+                    if let Some((evidence, category)) = each(&mut state, c * per + k) {
+                        b.add(evidence, category);
+                    }
+                }
+            });
     }
 
     /// The category the evidence so far gives allocation `i` (`None` when it has none or it
@@ -157,5 +190,46 @@ mod tests {
         assert_eq!(d(4), None);
         assert_eq!(l.current(2), None);
         assert_eq!(l.current(0), Some((Category::Parameter, Evidence::Code)));
+    }
+
+    #[test]
+    fn evidence_added_in_ranges_side_by_side_is_evidence_added_one_by_one() {
+        let n = 5 * MIN_RANGE + 123;
+        let categories = [
+            Category::Activation,
+            Category::Gradient,
+            Category::Temporary,
+        ];
+        let strengths = [Evidence::Life, Evidence::Code];
+        // what each event is told, from a fixed sequence (a few events told nothing)
+        let told = |i: usize| {
+            let x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+            (!x.is_multiple_of(7)).then(|| {
+                (
+                    strengths[(x >> 3) as usize % 2],
+                    categories[(x >> 5) as usize % 3],
+                )
+            })
+        };
+        let mut want = Ledger::new(n);
+        let mut got = Ledger::new(n);
+        // evidence already there: some stronger, some as strong and of another category
+        for l in [&mut want, &mut got] {
+            for i in (0..n).step_by(5) {
+                l.add(i, Evidence::Code, Category::Activation);
+            }
+        }
+        for i in 0..n {
+            if let Some((e, c)) = told(i) {
+                want.add(i, e, c);
+            }
+        }
+        let ranges = std::sync::Mutex::new(Vec::new());
+        got.add_each(|| ranges.lock().unwrap().push(()), |_, i| told(i));
+        for i in 0..n {
+            assert_eq!(got.decision(i), want.decision(i), "event {i}");
+        }
+        assert!(want.best.iter().any(|b| b.conflict));
+        assert!(!ranges.lock().unwrap().is_empty());
     }
 }
