@@ -343,6 +343,32 @@ pub fn open_reader(
     Ok((stream, kind))
 }
 
+/// Gives `data` in reads of at most `step` bytes, then fails (when `fails`) or ends: an input
+/// for the tests of reading ahead, here and in `reader.rs`.
+#[cfg(test)]
+pub(crate) struct Trickle {
+    pub(crate) data: Vec<u8>,
+    pub(crate) at: usize,
+    pub(crate) step: usize,
+    pub(crate) fails: bool,
+}
+
+#[cfg(test)]
+impl Read for Trickle {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.at == self.data.len() {
+            return match self.fails {
+                true => Err(io::Error::new(io::ErrorKind::InvalidData, "corrupt stream")),
+                false => Ok(0),
+            };
+        }
+        let n = buf.len().min(self.step).min(self.data.len() - self.at);
+        buf[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -418,29 +444,6 @@ mod tests {
     fn short_inputs_are_plain() {
         assert_eq!(Compression::sniff(&[]), Compression::None);
         assert_eq!(Compression::sniff(&[0x80, 4]), Compression::None);
-    }
-
-    /// Gives `data` in reads of at most `step` bytes, then fails (when `fails`) or ends.
-    struct Trickle {
-        data: Vec<u8>,
-        at: usize,
-        step: usize,
-        fails: bool,
-    }
-
-    impl Read for Trickle {
-        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-            if self.at == self.data.len() {
-                return match self.fails {
-                    true => Err(io::Error::new(io::ErrorKind::InvalidData, "corrupt stream")),
-                    false => Ok(0),
-                };
-            }
-            let n = buf.len().min(self.step).min(self.data.len() - self.at);
-            buf[..n].copy_from_slice(&self.data[self.at..self.at + n]);
-            self.at += n;
-            Ok(n)
-        }
     }
 
     #[test]

@@ -204,15 +204,7 @@ pub fn decode_with<R: Read, A: Adopter>(
     limits: Limits,
     adopter: &mut A,
 ) -> Result<Decoded, DecodeError> {
-    let mut reader = Reader::new(input);
-    let mut vm = Vm::new(limits, adopter, 0);
-    vm.check_start(&mut reader)?;
-    let root = loop {
-        if let Some(root) = vm.run(&mut reader)? {
-            break root;
-        }
-    };
-    vm.finish(root, &mut reader)
+    decode_from(Reader::new(input), limits, adopter)
 }
 
 /// Decodes one pickle from `stream`, handing completed values to `adopter`.
@@ -221,10 +213,19 @@ pub fn decode_stream<A: Adopter>(
     limits: Limits,
     adopter: &mut A,
 ) -> Result<Decoded, DecodeError> {
-    let mut reader = match stream {
+    let reader = match stream {
         super::source::Stream::Direct(input) => Reader::new(input),
         super::source::Stream::Ahead(ahead) => Reader::ahead(ahead),
     };
+    decode_from(reader, limits, adopter)
+}
+
+/// Decodes the whole pickle `reader` reads.
+fn decode_from<R: Read, A: Adopter>(
+    mut reader: Reader<R>,
+    limits: Limits,
+    adopter: &mut A,
+) -> Result<Decoded, DecodeError> {
     let mut vm = Vm::new(limits, adopter, 0);
     vm.check_start(&mut reader)?;
     let root = loop {

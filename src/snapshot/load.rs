@@ -1,6 +1,6 @@
 //! Loading a snapshot file: opening it (plain, gzip, xz or zstd, or standard input), reporting
 //! progress, deciding whether a large plain file is decoded in parts on several threads
-//! ([`super::split`]) or in one piece ([`super::build::from_pickle`]), and the memory check
+//! ([`super::split`]) or in one piece ([`super::build::from_stream`]), and the memory check
 //! after decoding.
 
 use std::path::Path;
